@@ -1,0 +1,21 @@
+"""The LSM engine: plain Python over pylance's MemWAL and pyarrow (no Dagster).
+
+Public contract (see DESIGN.md)::
+
+    from resources.lsm import LsmTable
+    t = LsmTable.create(uri, schema, primary_key=["id"], num_shards=4)
+    t.write(changes); t.read(); t.lookup(keys); t.count(); t.shards(); t.flush()
+"""
+
+from .changes import InvalidChangesError, Rejection
+from .shard_state import ShardState
+from .table import LsmTable, WriteResult, WriterFencedError
+
+__all__ = [
+    "InvalidChangesError",
+    "LsmTable",
+    "Rejection",
+    "ShardState",
+    "WriteResult",
+    "WriterFencedError",
+]

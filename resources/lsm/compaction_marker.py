@@ -1,0 +1,105 @@
+"""Read the compacted-generation marker that merge-into-base commits.
+
+``merge_insert(...).mark_sstables_as_compacted([...])`` records, in the same
+commit as the data, which shard generations are now part of the base table.
+pylance does not expose the record (``mem_wal_index_details()`` omits it), so
+we decode it from the base table's manifest for the exact version a reader
+uses. Readers must skip generations at or below the marker: ``LsmScanner``
+would otherwise return values older than the base table's.
+
+Manifest file layout (``_versions/*.manifest``)::
+
+    ... | IndexSection (u32 length + protobuf) | ... | Manifest (u32 length + protobuf)
+    | u64 manifest position | u16 major | u16 minor | b"LANC"
+
+``Manifest.index_section`` holds the IndexSection's offset; its
+``IndexMetadata`` named ``__lance_mem_wal`` carries a ``google.protobuf.Any``
+of type ``/lance.table.MemWalIndexDetails``.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+from . import protowire
+from .storage import TableStorage
+
+MEM_WAL_INDEX_NAME = "__lance_mem_wal"
+_FOOTER = struct.Struct("<QHH4s")
+_MAGIC = b"LANC"
+_U64_MAX = 2**64 - 1
+
+# lance.table.Manifest (protos/table.proto)
+_MANIFEST_INDEX_SECTION = 6
+# IndexSection / IndexMetadata (protos/table.proto)
+_INDEX_SECTION_INDICES = 1
+_INDEX_NAME = 3
+_INDEX_DETAILS = 6
+# google.protobuf.Any
+_ANY_VALUE = 2
+# lance.table.MemWalIndexDetails and its CompactedSsTable entries (protos/table.proto)
+_DETAILS_COMPACTED = 9
+_COMPACTED_SHARD_ID = 1
+_COMPACTED_GENERATION = 2
+_UUID_BYTES = 1
+
+
+def read_compacted_generations(storage: TableStorage, version: int) -> dict[str, int]:
+    """Highest generation merged into the base table, per shard, at ``version``.
+
+    Shards that were never merged are absent (treat as generation 0).
+
+    Raises
+    ------
+    FileNotFoundError
+        If no manifest exists for ``version``.
+    protowire.ProtobufDecodeError
+        If the manifest is not a Lance manifest.
+    """
+    data = _read_manifest_file(storage, version)
+    details = _mem_wal_index_details(data)
+    if details is None:
+        return {}
+    compacted: dict[str, int] = {}
+    for entry in details.messages(_DETAILS_COMPACTED):
+        shard_uuid = entry.message(_COMPACTED_SHARD_ID)
+        raw = shard_uuid.bytes(_UUID_BYTES) if shard_uuid else None
+        if raw is None or len(raw) != 16:
+            raise protowire.ProtobufDecodeError("compacted SSTable entry without a 16-byte shard UUID")
+        shard_id = str(uuid.UUID(bytes=raw))
+        compacted[shard_id] = max(compacted.get(shard_id, 0), entry.int(_COMPACTED_GENERATION))
+    return compacted
+
+
+def _read_manifest_file(storage: TableStorage, version: int) -> bytes:
+    # Lance names manifests "{u64::MAX - version:020}.manifest" (V2 scheme) or
+    # "{version}.manifest" (V1 scheme, older tables).
+    for name in (f"{_U64_MAX - version:020d}.manifest", f"{version}.manifest"):
+        try:
+            return storage.read_bytes(f"_versions/{name}")
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(f"no manifest for version {version} under {storage.path('_versions')}")
+
+
+def _mem_wal_index_details(data: bytes) -> protowire.Message | None:
+    manifest_pos, _, _, magic = _FOOTER.unpack(data[-_FOOTER.size:])
+    if magic != _MAGIC:
+        raise protowire.ProtobufDecodeError("not a Lance manifest (bad magic)")
+    manifest = protowire.decode(_length_prefixed(data, manifest_pos))
+    section_pos = manifest.optional_int(_MANIFEST_INDEX_SECTION)
+    if section_pos is None:
+        return None
+    section = protowire.decode(_length_prefixed(data, section_pos))
+    for index in section.messages(_INDEX_SECTION_INDICES):
+        if index.string(_INDEX_NAME) == MEM_WAL_INDEX_NAME:
+            details_any = index.message(_INDEX_DETAILS)
+            value = details_any.bytes(_ANY_VALUE) if details_any else None
+            return protowire.decode(value or b"")
+    return None
+
+
+def _length_prefixed(data: bytes, pos: int) -> bytes:
+    (length,) = struct.unpack_from("<I", data, pos)
+    return data[pos + 4 : pos + 4 + length]

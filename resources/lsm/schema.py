@@ -1,0 +1,81 @@
+"""Primary-key schema conventions shared by every layer of the engine.
+
+Lance declares a primary key through field metadata
+(``lance-schema:unenforced-primary-key: "true"``) on one or more non-null
+fields. MemWAL writers use it to deduplicate (newest wins) and to turn deletes
+into ``_tombstone`` rows.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+PRIMARY_KEY_METADATA = b"lance-schema:unenforced-primary-key"
+
+OP_COLUMN = "_op"
+"""Optional change column: ``'upsert'`` (default) or ``'delete'``."""
+SEQ_COLUMN = "_seq"
+"""Optional change column (int64): within one write the highest value per key wins."""
+TOMBSTONE_COLUMN = "_tombstone"
+"""Column MemWAL adds to WAL entries and SSTables; ``True`` marks a delete."""
+
+INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", "_rowaddr", "_rowid"})
+"""Columns Lance adds to scans; never part of a user schema."""
+
+UPSERT, DELETE = "upsert", "delete"
+CHANGE_OPS = (UPSERT, DELETE)
+CHANGE_COLUMNS = (OP_COLUMN, SEQ_COLUMN)
+
+
+def with_primary_key(schema: pa.Schema, primary_key: list[str]) -> pa.Schema:
+    """Return ``schema`` with ``primary_key`` declared the Lance way.
+
+    Key fields become non-nullable and carry the primary-key metadata; every
+    other field loses it, so the declared key is exactly ``primary_key``.
+
+    Raises
+    ------
+    ValueError
+        If the key is empty, repeats a column, names a missing column, or uses
+        a column name reserved for change streams.
+    """
+    if not primary_key:
+        raise ValueError("primary_key must name at least one column")
+    if len(set(primary_key)) != len(primary_key):
+        raise ValueError(f"primary_key repeats a column: {primary_key}")
+    missing = [name for name in primary_key if name not in schema.names]
+    if missing:
+        raise ValueError(f"primary_key columns {missing} are not in the schema {schema.names}")
+    reserved = [name for name in schema.names if name in CHANGE_COLUMNS or name in INTERNAL_COLUMNS]
+    if reserved:
+        raise ValueError(f"column names {reserved} are reserved for change streams")
+    for name in primary_key:
+        key_type = schema.field(name).type
+        if not (pa.types.is_integer(key_type) or pa.types.is_string(key_type)
+                or pa.types.is_large_string(key_type)):
+            raise ValueError(f"primary-key column {name!r} has type {key_type}; use an integer or string")
+
+    fields = []
+    for f in schema:
+        metadata = {k: v for k, v in (f.metadata or {}).items() if k != PRIMARY_KEY_METADATA}
+        if f.name in primary_key:
+            metadata[PRIMARY_KEY_METADATA] = b"true"
+            f = f.with_nullable(False)
+        fields.append(f.with_metadata(metadata or None))
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def primary_key_of(schema: pa.Schema) -> list[str]:
+    """Names of the fields carrying primary-key metadata, in schema order."""
+    return [f.name for f in schema if (f.metadata or {}).get(PRIMARY_KEY_METADATA) == b"true"]
+
+
+def without_internal_columns(table: pa.Table) -> pa.Table:
+    """Drop MemWAL's bookkeeping columns (``_tombstone`` and friends)."""
+    internal = [name for name in table.column_names if name in INTERNAL_COLUMNS]
+    return table.drop_columns(internal) if internal else table
+
+
+def empty_tail(schema: pa.Schema) -> pa.Table:
+    """An empty table of ``schema`` plus ``_tombstone``: the shape of a WAL tail."""
+    return schema.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False)).empty_table()

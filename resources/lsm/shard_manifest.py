@@ -1,0 +1,128 @@
+"""Read a shard's state from its MemWAL manifest and WAL directory.
+
+Layout under the table root (Lance MemWAL spec)::
+
+    _mem_wal/<shard uuid>/manifest/version_hint.json   {"version": N} (a hint, may lag)
+    _mem_wal/<shard uuid>/manifest/<bits>.binpb        ShardManifest, one per version
+    _mem_wal/<shard uuid>/wal/<bits>.arrow             WAL entries (Arrow IPC streams)
+    _mem_wal/<shard uuid>/<prefix>_gen_<N>/            flushed generations (SSTables)
+
+``<bits>`` is the 64-bit number written in binary, least significant bit
+first. The manifest is the only authority on which generations exist: a
+generation directory it does not list is an orphan of a failed or fenced flush
+and must never be read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from . import protowire
+from .storage import TableStorage
+
+MEM_WAL_DIR = "_mem_wal"
+
+# Field numbers of lance.table.ShardManifest (protos/table.proto).
+_MANIFEST_VERSION = 1
+_WRITER_EPOCH = 2
+_REPLAY_AFTER_WAL_ENTRY_POSITION = 3
+_WAL_ENTRY_POSITION_LAST_SEEN = 4
+_CURRENT_GENERATION = 6
+_SSTABLES = 8
+# lance.table.SsTable: one flushed generation.
+_SSTABLE_GENERATION = 1
+_SSTABLE_PATH = 2
+
+_GENERATION_DIR = re.compile(r"^[0-9a-f]+_gen_(\d+)$")
+
+
+def position_name(position: int) -> str:
+    """File stem for a manifest version or WAL position (bit-reversed binary)."""
+    return format(position, "064b")[::-1]
+
+
+def parse_position(stem: str) -> int:
+    return int(stem[::-1], 2)
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """The decoded fields of one ShardManifest version."""
+
+    version: int
+    writer_epoch: int
+    replay_after_wal_position: int
+    wal_position_last_seen: int
+    current_generation: int
+    flushed_generations: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
+class WalEntryFile:
+    position: int
+    name: str
+    size: int
+
+
+def shard_dir(shard_id: str) -> str:
+    return f"{MEM_WAL_DIR}/{shard_id}"
+
+
+def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest | None:
+    """The latest committed manifest of a shard, or ``None`` if it never had a writer.
+
+    The version hint may lag behind (it is written after the manifest), so we
+    probe forward from it until a version is missing.
+    """
+    manifest_dir = f"{shard_dir(shard_id)}/manifest"
+    version = _hinted_version(storage, manifest_dir)
+    while storage.exists(f"{manifest_dir}/{position_name(version + 1)}.binpb"):
+        version += 1
+    if version == 0:
+        return None
+    return decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{position_name(version)}.binpb"))
+
+
+def decode_shard_manifest(data: bytes) -> ShardManifest:
+    message = protowire.decode(data)
+    generations = tuple(
+        (g.int(_SSTABLE_GENERATION), g.string(_SSTABLE_PATH) or "")
+        for g in message.messages(_SSTABLES)
+    )
+    return ShardManifest(
+        version=message.int(_MANIFEST_VERSION),
+        writer_epoch=message.int(_WRITER_EPOCH),
+        replay_after_wal_position=message.int(_REPLAY_AFTER_WAL_ENTRY_POSITION),
+        wal_position_last_seen=message.int(_WAL_ENTRY_POSITION_LAST_SEEN),
+        current_generation=message.int(_CURRENT_GENERATION),
+        flushed_generations=tuple(sorted(generations)),
+    )
+
+
+def list_wal_entries(storage: TableStorage, shard_id: str) -> list[WalEntryFile]:
+    """Every WAL entry file of a shard, in ascending position."""
+    entries = [
+        WalEntryFile(parse_position(f.name[: -len(".arrow")]), f.name, f.size)
+        for f in storage.list_dir(f"{shard_dir(shard_id)}/wal")
+        if f.name.endswith(".arrow")
+    ]
+    return sorted(entries, key=lambda e: e.position)
+
+
+def list_generation_dirs(storage: TableStorage, shard_id: str) -> list[tuple[int, str]]:
+    """Every ``*_gen_N`` directory present on storage, listed or not."""
+    found = []
+    for f in storage.list_dir(shard_dir(shard_id)):
+        match = _GENERATION_DIR.match(f.name)
+        if match:
+            found.append((int(match.group(1)), f.name))
+    return sorted(found)
+
+
+def _hinted_version(storage: TableStorage, manifest_dir: str) -> int:
+    try:
+        return int(json.loads(storage.read_bytes(f"{manifest_dir}/version_hint.json"))["version"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return 0

@@ -1,0 +1,77 @@
+"""``ShardState``: what an operator (or a sensor) needs to know about one shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest
+from .storage import TableStorage
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One shard's state, read from its manifest, WAL directory and the base table.
+
+    Attributes
+    ----------
+    shard_id, bucket
+        The shard's UUID and the bucket number routed to it.
+    writer_epoch
+        Epoch of the latest writer that claimed the shard (0: never written).
+    manifest_version
+        Version of the shard manifest this state was read from.
+    replay_after_wal_position
+        WAL entries at or below this position are contained in flushed generations.
+    current_generation
+        Generation the active MemTable will flush to.
+    flushed_generations
+        ``(generation, directory)`` pairs listed in the manifest, ascending.
+    compacted_generation
+        Highest generation merged into the base table (0: none).
+    unflushed_wal_entries, unflushed_wal_bytes
+        WAL entries after the replay position: durable, not yet in a generation.
+    orphan_directories
+        Generation directories on storage that the manifest does not list;
+        never read, removed by garbage collection.
+    """
+
+    shard_id: str
+    bucket: int
+    writer_epoch: int
+    manifest_version: int
+    replay_after_wal_position: int
+    current_generation: int
+    flushed_generations: tuple[tuple[int, str], ...]
+    compacted_generation: int
+    unflushed_wal_entries: int
+    unflushed_wal_bytes: int
+    orphan_directories: tuple[str, ...]
+
+    @property
+    def pending_generations(self) -> tuple[tuple[int, str], ...]:
+        """Flushed generations not yet merged into the base table: what readers scan."""
+        return tuple(g for g in self.flushed_generations if g[0] > self.compacted_generation)
+
+
+def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
+                     compacted_generation: int) -> ShardState:
+    """Read one shard's state; a shard that never had a writer reads as empty."""
+    manifest = read_shard_manifest(storage, shard_id)
+    listed = manifest.flushed_generations if manifest else ()
+    replay_after = manifest.replay_after_wal_position if manifest else 0
+    unflushed = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
+    listed_dirs = {directory for _, directory in listed}
+    orphans = tuple(d for _, d in list_generation_dirs(storage, shard_id) if d not in listed_dirs)
+    return ShardState(
+        shard_id=shard_id,
+        bucket=bucket,
+        writer_epoch=manifest.writer_epoch if manifest else 0,
+        manifest_version=manifest.version if manifest else 0,
+        replay_after_wal_position=replay_after,
+        current_generation=manifest.current_generation if manifest else 1,
+        flushed_generations=listed,
+        compacted_generation=compacted_generation,
+        unflushed_wal_entries=len(unflushed),
+        unflushed_wal_bytes=sum(e.size for e in unflushed),
+        orphan_directories=orphans,
+    )

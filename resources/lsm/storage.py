@@ -1,0 +1,45 @@
+"""File access under a table's root, for the metadata pylance does not expose.
+
+Backed by ``pyarrow.fs`` so the same code reads a local directory or an object
+store URI (``s3://...``). All paths are relative to the table root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    size: int
+    mtime_ns: int | None
+
+
+class TableStorage:
+    """Read-mostly access to files below one Lance table's root."""
+
+    def __init__(self, uri: str) -> None:
+        self.fs, root = pafs.FileSystem.from_uri(uri)
+        self.root = root.rstrip("/")
+
+    def path(self, relative: str) -> str:
+        return f"{self.root}/{relative}" if relative else self.root
+
+    def read_bytes(self, relative: str) -> bytes:
+        """The whole file; ``FileNotFoundError`` if it does not exist."""
+        with self.fs.open_input_file(self.path(relative)) as f:
+            return f.read()
+
+    def exists(self, relative: str) -> bool:
+        return self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
+
+    def list_dir(self, relative: str) -> list[FileEntry]:
+        """Direct children of a directory (empty if it does not exist)."""
+        selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
+        return [
+            FileEntry(info.base_name, info.size or 0, info.mtime_ns)
+            for info in self.fs.get_file_info(selector)
+        ]

@@ -1,0 +1,337 @@
+"""``LsmTable``: a Lance table with a primary key and an LSM write path.
+
+Writes go through pylance's MemWAL (one ``ShardWriter`` per shard: WAL +
+MemTable, flushed into generations); reads merge the base table, pending
+generations and the WAL tail. See DESIGN.md for the contract.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import lance
+import pyarrow as pa
+from lance.mem_wal import ShardWriter
+
+from . import merged_read
+from .changes import InvalidChangesError, resolve_changes, to_arrow, validate_changes
+from .compaction_marker import read_compacted_generations
+from .routing import ShardRouter, shard_ids_for
+from .schema import empty_tail, with_primary_key
+from .shard_state import ShardState, load_shard_state
+from .storage import TableStorage
+from .wal_tail import read_wal_tail
+
+_CONFIG_PRIMARY_KEY = "lsm.primary_key"
+_CONFIG_SHARD_IDS = "lsm.shard_ids"
+
+WRITER_CONFIG_KEYS = frozenset({
+    "durable_write", "max_wal_buffer_size", "max_wal_flush_interval_ms", "max_memtable_size",
+    "max_memtable_rows", "max_memtable_batches", "max_unflushed_memtable_bytes",
+    "manifest_scan_batch_size", "backpressure_log_interval_ms", "stats_log_interval_ms",
+})
+
+DEFAULT_WRITER_CONFIG: dict[str, Any] = {
+    "durable_write": True,
+    # A durable put waits for the WAL flush timer; 100 ms (Lance's default)
+    # caps small-batch throughput, 10 ms keeps acknowledgement latency low.
+    "max_wal_flush_interval_ms": 10,
+}
+
+
+class WriterFencedError(RuntimeError):
+    """Another process claimed the shard; this writer's un-acknowledged call failed.
+
+    Everything acknowledged before is in the WAL and is replayed by the new
+    writer. Retry the write with a fresh ``LsmTable``.
+    """
+
+
+@dataclass(frozen=True)
+class ShardWriteCount:
+    shard_id: str
+    upserts: int
+    deletes: int
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one ``write`` made durable, per shard, after newest-wins resolution."""
+
+    shards: tuple[ShardWriteCount, ...]
+
+    @property
+    def upserts(self) -> int:
+        return sum(s.upserts for s in self.shards)
+
+    @property
+    def deletes(self) -> int:
+        return sum(s.deletes for s in self.shards)
+
+    @property
+    def rows(self) -> int:
+        return self.upserts + self.deletes
+
+
+class LsmTable:
+    """A primary-keyed Lance table written through MemWAL shard writers.
+
+    Obtain one with :meth:`create` or :meth:`open`. A table object lazily
+    claims the shards it writes to and keeps their writers open until
+    :meth:`close` (or the end of a ``with`` block), which flushes every
+    MemTable into a new generation.
+    """
+
+    def __init__(self, uri: str, dataset: lance.LanceDataset, *,
+                 storage_options: dict[str, str] | None = None) -> None:
+        config = dataset.config()
+        details = dataset.mem_wal_index_details()
+        if details is None or _CONFIG_SHARD_IDS not in config:
+            raise ValueError(f"{uri} is not an LSM table (create it with LsmTable.create)")
+        self.uri = uri
+        self.storage_options = storage_options
+        self.primary_key: list[str] = json.loads(config[_CONFIG_PRIMARY_KEY])
+        self.shard_ids: list[str] = json.loads(config[_CONFIG_SHARD_IDS])
+        self.schema: pa.Schema = dataset.schema
+        self.writer_config: dict[str, Any] = dict(details.get("writer_config_defaults") or {})
+        self._storage = TableStorage(uri)
+        self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema,
+                                   tuple(self.shard_ids))
+        self._writers: dict[str, ShardWriter] = {}
+
+    # ------------------------------------------------------------------ set-up
+
+    @classmethod
+    def create(cls, uri: str, schema: pa.Schema, primary_key: list[str], num_shards: int = 4, *,
+               bucket_column: str | None = None, storage_options: dict[str, str] | None = None,
+               **writer_config: Any) -> "LsmTable":
+        """Create an empty LSM table.
+
+        Declares ``primary_key`` in the schema, creates the base table (plus a
+        BTREE index on a single-column key), and initializes MemWAL with
+        Lance's bucket sharding over ``bucket_column`` (default: the first key
+        column, so all versions of a key share a shard). ``writer_config``
+        (``max_wal_flush_interval_ms``, ``max_memtable_rows``, ...) is recorded
+        in the table and used by every writer.
+
+        Raises
+        ------
+        ValueError
+            For an invalid key, shard count, bucket column or writer setting.
+        OSError
+            If a dataset already exists at ``uri``.
+        """
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be at least 1, got {num_shards}")
+        unknown = set(writer_config) - WRITER_CONFIG_KEYS
+        if unknown:
+            raise ValueError(f"unknown writer settings {sorted(unknown)}; known: {sorted(WRITER_CONFIG_KEYS)}")
+        keyed = with_primary_key(schema, primary_key)
+        bucket_column = bucket_column or primary_key[0]
+        if bucket_column not in primary_key:
+            raise ValueError(f"bucket_column {bucket_column!r} must be a primary-key column")
+
+        dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
+        if len(primary_key) == 1:
+            dataset.create_scalar_index(primary_key[0], "BTREE")
+        dataset.initialize_mem_wal(bucket_column=bucket_column, num_buckets=num_shards,
+                                   **{**DEFAULT_WRITER_CONFIG, **writer_config})
+        dataset.update_config({
+            _CONFIG_PRIMARY_KEY: json.dumps(primary_key),
+            _CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
+        })
+        return cls.open(uri, storage_options=storage_options)
+
+    @classmethod
+    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> "LsmTable":
+        """Open an existing LSM table with the settings it was created with."""
+        return cls(uri, lance.dataset(uri, storage_options=storage_options),
+                   storage_options=storage_options)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shard_ids)
+
+    def dataset(self) -> lance.LanceDataset:
+        """The base table at its latest version."""
+        return lance.dataset(self.uri, storage_options=self.storage_options)
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, data) -> WriteResult:
+        """Apply a batch of changes; return once every row is durable in a WAL.
+
+        ``data`` (pyarrow or pandas) has the table's columns plus optional
+        ``_op`` ('upsert' | 'delete', default upsert) and ``_seq`` (int64).
+        Per key, the row with the highest ``_seq`` wins (the later row on
+        ties). A delete needs only the key columns; deleting a missing key is
+        a no-op. Shards are written in parallel.
+
+        Raises
+        ------
+        InvalidChangesError
+            If any row is invalid (null key, value of the wrong type, unknown
+            ``_op``...). The whole call is refused; nothing is written.
+        ValueError
+            For unknown columns or missing key columns.
+        WriterFencedError
+            If another writer claimed a shard. Shards written before the fence
+            keep their rows; the call can be retried (writes are idempotent
+            upserts/deletes).
+        """
+        validated = validate_changes(data, self.schema, self.primary_key)
+        if validated.rejections:
+            raise InvalidChangesError(validated.rejections, validated.valid.num_rows + len(validated.rejections))
+        resolved = resolve_changes(validated.valid, self.schema, self.primary_key)
+        upserts = self._router.split(resolved.upserts)
+        deletes = self._router.split(resolved.deletes)
+        shard_ids = sorted(set(upserts) | set(deletes))
+
+        def write_shard(shard_id: str) -> ShardWriteCount:
+            ups, dels = upserts.get(shard_id), deletes.get(shard_id)
+            writer = self._writer(shard_id)
+            with self._fencing_as_error(shard_id):
+                if ups is not None:
+                    writer.put(ups)
+                if dels is not None:
+                    writer.delete(dels)
+            return ShardWriteCount(shard_id, ups.num_rows if ups is not None else 0,
+                                   dels.num_rows if dels is not None else 0)
+
+        return WriteResult(tuple(self._for_each_shard(write_shard, shard_ids)))
+
+    def flush(self, shard: str | None = None) -> list[str]:
+        """Flush unflushed WAL data into new generations; return the shards flushed.
+
+        A shard this object writes to has its writer closed (flushing its
+        MemTable). Any other shard with WAL entries after its replay position
+        (a crashed writer, an idle shard) is claimed with a new writer, which
+        replays the WAL, and closed again.
+        """
+        targets = [shard] if shard else self.shard_ids
+        states = {s.shard_id: s for s in self.shards()}
+        to_flush = [s for s in targets if s in self._writers or states[s].unflushed_wal_entries > 0]
+
+        def flush_shard(shard_id: str) -> str:
+            writer = self._writers.pop(shard_id, None) or self._open_writer(shard_id)
+            with self._fencing_as_error(shard_id):
+                writer.close()
+            return shard_id
+
+        return list(self._for_each_shard(flush_shard, to_flush))
+
+    def close(self) -> None:
+        """Close every open writer, flushing its MemTable to a new generation."""
+        writers, self._writers = self._writers, {}
+        for shard_id, writer in writers.items():
+            with self._fencing_as_error(shard_id):
+                writer.close()
+
+    def __enter__(self) -> "LsmTable":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------- reads
+
+    def read(self, columns: list[str] | None = None, filter: str | None = None,
+             fresh: bool = True) -> pa.Table:
+        """The merged view: newest version of every live key.
+
+        Parameters
+        ----------
+        columns
+            Columns to return (default: all).
+        filter
+            A Lance SQL predicate, e.g. ``"price > 10 AND region = 'eu'"``.
+        fresh
+            Also include rows durable in a WAL but not yet flushed (written
+            by any process). ``False`` reads flushed generations and the base only.
+        """
+        return merged_read.scan(self._snapshot(fresh), columns or self.schema.names, filter)
+
+    def lookup(self, keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
+        """Point lookup by primary key; keys not present are left out.
+
+        ``keys`` is a list of values (single-column key), a list of tuples or
+        dicts (composite key), or a table with the key columns.
+        """
+        return merged_read.lookup(self._snapshot(fresh), self._key_table(keys),
+                                  columns or self.schema.names)
+
+    def count(self, fresh: bool = True) -> int:
+        """Number of live keys in the merged view."""
+        return self.read(columns=list(self.primary_key), fresh=fresh).num_rows
+
+    def shards(self) -> list[ShardState]:
+        """State of every shard (manifest, WAL, compacted marker), in bucket order."""
+        dataset = self.dataset()
+        return self._shard_states(read_compacted_generations(self._storage, dataset.version))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _snapshot(self, fresh: bool) -> merged_read.ReadSnapshot:
+        # Pin the base version first: generations compacted after it are still
+        # listed by the shard manifests we read next, so nothing falls between.
+        dataset = self.dataset()
+        states = self._shard_states(read_compacted_generations(self._storage, dataset.version))
+        tails = [
+            read_wal_tail(self._storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
+            for s in states if fresh and s.unflushed_wal_entries
+        ]
+        tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
+        return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key))
+
+    def _shard_states(self, compacted: dict[str, int]) -> list[ShardState]:
+        return [
+            load_shard_state(self._storage, shard_id, bucket, compacted.get(shard_id, 0))
+            for bucket, shard_id in enumerate(self.shard_ids)
+        ]
+
+    def _key_table(self, keys) -> pa.Table:
+        key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])
+        if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
+            return to_arrow(keys).select(self.primary_key).cast(key_schema)
+        keys = list(keys)
+        if len(self.primary_key) == 1:
+            return pa.table({self.primary_key[0]: pa.array(keys, key_schema.field(0).type)})
+        rows = [k if isinstance(k, dict) else dict(zip(self.primary_key, k)) for k in keys]
+        return pa.Table.from_pylist(rows, schema=key_schema)
+
+    def _writer(self, shard_id: str) -> ShardWriter:
+        if shard_id not in self._writers:
+            self._writers[shard_id] = self._open_writer(shard_id)
+        return self._writers[shard_id]
+
+    def _open_writer(self, shard_id: str) -> ShardWriter:
+        """Claim the shard (epoch + 1, fencing any other writer) and replay its WAL."""
+        return self.dataset().mem_wal_writer(shard_id)
+
+    @contextmanager
+    def _fencing_as_error(self, shard_id: str) -> Iterator[None]:
+        """Turn Lance's ``OSError: Writer fenced ...`` into :class:`WriterFencedError`.
+
+        A fenced writer is dead: it is forgotten so the next write claims anew.
+        """
+        try:
+            yield
+        except OSError as exc:
+            if "fenced" not in str(exc).lower():
+                raise
+            self._writers.pop(shard_id, None)
+            raise WriterFencedError(
+                f"shard {shard_id} was claimed by another writer; this call was not acknowledged "
+                f"(rows acknowledged earlier are safe in the WAL): {exc}"
+            ) from exc
+
+    def _for_each_shard(self, work, shard_ids: Iterable[str]) -> list:
+        shard_ids = list(shard_ids)
+        if len(shard_ids) <= 1:
+            return [work(s) for s in shard_ids]
+        with ThreadPoolExecutor(max_workers=len(shard_ids), thread_name_prefix="lsm-shard") as pool:
+            return list(pool.map(work, shard_ids))
