@@ -9,13 +9,14 @@ Public contract (see DESIGN.md)::
 
 from .changes import InvalidChangesError, Rejection
 from .shard_state import ShardState
-from .table import LsmTable, WriteResult, WriterFencedError
+from .table import LsmTable, TableNotFoundError, WriteResult, WriterFencedError
 
 __all__ = [
     "InvalidChangesError",
     "LsmTable",
     "Rejection",
     "ShardState",
+    "TableNotFoundError",
     "WriteResult",
     "WriterFencedError",
 ]

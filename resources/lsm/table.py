@@ -43,6 +43,10 @@ DEFAULT_WRITER_CONFIG: dict[str, Any] = {
 }
 
 
+class TableNotFoundError(FileNotFoundError):
+    """No Lance dataset exists at the URI."""
+
+
 class WriterFencedError(RuntimeError):
     """Another process claimed the shard; this writer's un-acknowledged call failed.
 
@@ -148,9 +152,22 @@ class LsmTable:
 
     @classmethod
     def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> "LsmTable":
-        """Open an existing LSM table with the settings it was created with."""
-        return cls(uri, lance.dataset(uri, storage_options=storage_options),
-                   storage_options=storage_options)
+        """Open an existing LSM table with the settings it was created with.
+
+        Raises
+        ------
+        TableNotFoundError
+            If no Lance dataset exists at ``uri``.
+        ValueError
+            If the dataset exists but was not created as an LSM table.
+        """
+        try:
+            dataset = lance.dataset(uri, storage_options=storage_options)
+        except ValueError as exc:
+            if "was not found" in str(exc):
+                raise TableNotFoundError(f"no table at {uri}") from exc
+            raise
+        return cls(uri, dataset, storage_options=storage_options)
 
     @property
     def num_shards(self) -> int:
@@ -258,8 +275,8 @@ class LsmTable:
     def lookup(self, keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.
 
-        ``keys`` is a list of values (single-column key), a list of tuples or
-        dicts (composite key), or a table with the key columns.
+        ``keys`` is a list of values (single-column key), of tuples or dicts
+        (any key), or a table with the key columns.
         """
         return merged_read.lookup(self._snapshot(fresh), self._key_table(keys),
                                   columns or self.schema.names)
@@ -297,10 +314,10 @@ class LsmTable:
         key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])
         if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
             return to_arrow(keys).select(self.primary_key).cast(key_schema)
-        keys = list(keys)
-        if len(self.primary_key) == 1:
-            return pa.table({self.primary_key[0]: pa.array(keys, key_schema.field(0).type)})
-        rows = [k if isinstance(k, dict) else dict(zip(self.primary_key, k)) for k in keys]
+        rows = [
+            k if isinstance(k, dict) else dict(zip(self.primary_key, k if isinstance(k, (tuple, list)) else (k,)))
+            for k in keys
+        ]
         return pa.Table.from_pylist(rows, schema=key_schema)
 
     def _writer(self, shard_id: str) -> ShardWriter:

@@ -1,0 +1,1 @@
+"""What the platform produces: ingestion, maintenance and quality assets."""

@@ -1,0 +1,24 @@
+"""Locations from environment variables, with embedded defaults (see README)."""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_TABLE_URI = "data/table.lance"
+DEFAULT_LANDING_DIR = "data/landing"
+DEFAULT_SPARK_MASTER = "local[*]"
+
+
+def table_uri() -> str:
+    """``LSM_TABLE_URI``: the LSM table (local path or object-store URI)."""
+    return os.environ.get("LSM_TABLE_URI", DEFAULT_TABLE_URI)
+
+
+def landing_dir() -> str:
+    """``LSM_LANDING_DIR``: where change files land."""
+    return os.environ.get("LSM_LANDING_DIR", DEFAULT_LANDING_DIR)
+
+
+def spark_master() -> str:
+    """``SPARK_MASTER``: the Spark master URL."""
+    return os.environ.get("SPARK_MASTER", DEFAULT_SPARK_MASTER)

@@ -1,0 +1,27 @@
+"""``LsmTableResource``: the LSM table a run works on."""
+
+from __future__ import annotations
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from .lsm import LsmTable, TableNotFoundError
+from .lsm.changegen import EVENTS_SCHEMA
+from .settings import table_uri
+
+
+class LsmTableResource(ConfigurableResource):
+    """Opens (creating on first use) the platform's LSM table.
+
+    A new table gets the events schema of the change-stream generator, keyed by ``id``.
+    """
+
+    uri: str = Field(default_factory=table_uri, description="Table URI (env LSM_TABLE_URI).")
+    num_shards: int = Field(default=4, description="Shards (MemWAL buckets) when the table is created.")
+
+    def open(self) -> LsmTable:
+        """Open the table, creating it with the events schema if it does not exist."""
+        try:
+            return LsmTable.open(self.uri)
+        except TableNotFoundError:
+            return LsmTable.create(self.uri, EVENTS_SCHEMA, ["id"], num_shards=self.num_shards)

@@ -1,0 +1,72 @@
+"""Bad input to ``write`` is refused with a clear error and nothing is applied."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from resources.lsm import InvalidChangesError
+
+GOOD = {"id": [1, 2], "name": ["a", "b"], "price": [1.0, 2.0]}
+
+
+def _nothing_written(table) -> bool:
+    return table.count() == 0 and all(
+        s.writer_epoch == 0 and s.unflushed_wal_entries == 0 for s in table.shards()
+    )
+
+
+@pytest.mark.parametrize("batch, message", [
+    (pa.table({"id": pa.array([1, None], pa.int64()), "name": ["a", "b"], "price": [1.0, 2.0]}),
+     "row 1: primary-key column 'id' is null"),
+    (pa.table({"id": ["1", "two"], "name": ["a", "b"], "price": [1.0, 2.0]}),
+     "row 1: id='two' is not a valid int64"),
+    (pa.table({**GOOD, "_op": ["upsert", "merge"]}),
+     "row 1: _op='merge' is not one of ['upsert', 'delete']"),
+    (pa.table({**GOOD, "_seq": pa.array([1, None], pa.int64())}),
+     "row 1: _seq is null"),
+])
+def test_invalid_rows_refuse_the_whole_write(make_table, batch, message):
+    table = make_table()
+    with pytest.raises(InvalidChangesError, match=r"1 of 2 rows are invalid") as raised:
+        table.write(batch)
+    assert message in str(raised.value)
+    assert [r.row for r in raised.value.rejections] == [1]
+    assert _nothing_written(table)
+
+
+def test_unknown_column_is_named(make_table):
+    table = make_table()
+    with pytest.raises(ValueError, match=r"unknown columns \['colour'\]"):
+        table.write(pa.table({**GOOD, "colour": ["red", "blue"]}))
+    assert _nothing_written(table)
+
+
+def test_missing_key_column_is_named(make_table):
+    table = make_table()
+    with pytest.raises(ValueError, match=r"primary-key columns \['id'\] are missing"):
+        table.write(pa.table({"name": ["a"]}))
+
+
+def test_castable_values_are_accepted_and_partial_rows_fill_nulls(make_table):
+    table = make_table()
+    table.write(pa.table({"id": ["7"], "price": [3]}))  # string key, int price, no name
+    assert table.read().to_pylist() == [{"id": 7, "name": None, "price": 3.0}]
+
+
+def test_delete_needs_only_the_key_and_missing_keys_are_noops(make_table):
+    table = make_table()
+    table.write(pa.table(GOOD))
+    result = table.write(pa.table({"id": [2, 99], "_op": ["delete", "DELETE "]}))
+    assert result.deletes == 2
+    assert table.read().to_pylist() == [{"id": 1, "name": "a", "price": 1.0}]
+
+
+def test_pandas_input_and_highest_seq_wins(make_table):
+    pd = pytest.importorskip("pandas")
+    table = make_table()
+    frame = pd.DataFrame({"id": [5, 5, 5], "name": ["new", "newest", "old"], "price": [1.0, 2.0, 0.0],
+                          "_seq": [2, 3, 1]})
+    result = table.write(frame)
+    assert result.upserts == 1
+    assert table.lookup([5]).to_pylist() == [{"id": 5, "name": "newest", "price": 2.0}]
