@@ -4,7 +4,7 @@ from dagster import Definitions
 
 from jobs import all_jobs
 from lsm_assets.demo import demo_changes
-from resources import LsmTableResource
+from resources.table_resource import LsmTableResource
 from sensors import all_schedules, all_sensors
 
 defs = Definitions(

@@ -10,7 +10,7 @@ import time
 from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
-from resources import LsmTableResource
+from resources.table_resource import LsmTableResource
 from resources.lsm.changegen import ChangeStreamSpec, generate_changes
 
 

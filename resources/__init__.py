@@ -1,5 +1,5 @@
-"""Dagster resources (the engine itself lives in ``resources.lsm`` and never imports Dagster)."""
+"""Dagster resources, one module each; the engine lives in ``resources.lsm``.
 
-from .table_resource import LsmTableResource
-
-__all__ = ["LsmTableResource"]
+Nothing is imported here, so ``import resources.lsm`` (e.g. on a Spark
+executor) never loads Dagster.
+"""

@@ -26,3 +26,19 @@ def make_table(tmp_path):
     for table in created:
         table.close()
 
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session (Dagster's PySparkResource reuses it)."""
+    from pyspark.sql import SparkSession
+
+    from resources.spark import spark_conf
+
+    builder = SparkSession.builder
+    for key, value in spark_conf("local[2]").items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -81,28 +81,34 @@ def to_arrow(data) -> pa.Table:
     raise TypeError(f"cannot write {type(data).__name__}; pass a pyarrow Table or pandas DataFrame")
 
 
-def validate_changes(data, schema: pa.Schema, primary_key: list[str]) -> ValidatedChanges:
+def validate_changes(data, schema: pa.Schema, primary_key: list[str], *,
+                     reject_unknown_columns: bool = False) -> ValidatedChanges:
     """Check every row of ``data`` against ``schema`` and the change-column rules.
 
     A row is rejected for a null key, a value not castable to its column type,
     an unknown ``_op``, a null ``_seq``, or (for upserts) a null in a
-    non-nullable column. Problems that concern the whole batch (unknown or
-    missing key columns) raise at once.
+    non-nullable column. Columns the table does not have raise at once, or,
+    with ``reject_unknown_columns``, reject the rows that hold a value in them
+    (a landing file must not lose data silently).
 
     Raises
     ------
     ValueError
-        If the batch has columns the table does not, or lacks a key column.
+        If the batch lacks a key column, or has unknown columns and
+        ``reject_unknown_columns`` is false.
     """
     table = to_arrow(data)
-    unknown = [c for c in table.column_names if c not in schema.names and c not in CHANGE_COLUMNS]
-    if unknown:
-        raise ValueError(f"unknown columns {unknown}; the table has {schema.names} (+ optional _op, _seq)")
     missing_keys = [k for k in primary_key if k not in table.column_names]
     if missing_keys:
         raise ValueError(f"primary-key columns {missing_keys} are missing from the batch")
+    unknown = [c for c in table.column_names if c not in schema.names and c not in CHANGE_COLUMNS]
+    if unknown and not reject_unknown_columns:
+        raise ValueError(f"unknown columns {unknown}; the table has {schema.names} (+ optional _op, _seq)")
 
     reasons: dict[int, str] = {}
+    for name in unknown:
+        for row in np.flatnonzero(table[name].is_valid().to_numpy(zero_copy_only=False)):
+            reasons.setdefault(int(row), f"unknown column {name!r} holds {table[name][int(row)].as_py()!r}")
     ops = _ops_column(table, reasons)
     seqs = _seq_column(table, reasons)
     is_delete = pc.fill_null(pc.equal(ops, DELETE), False)

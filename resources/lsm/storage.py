@@ -6,6 +6,7 @@ store URI (``s3://...``). All paths are relative to the table root.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -43,3 +44,16 @@ class TableStorage:
             FileEntry(info.base_name, info.size or 0, info.mtime_ns)
             for info in self.fs.get_file_info(selector)
         ]
+
+    def write_bytes_atomic(self, relative: str, data: bytes) -> None:
+        """Write a file so that readers see either nothing or all of it.
+
+        Local files are written under a temporary name and renamed; object
+        stores make a single PUT visible atomically anyway.
+        """
+        path = self.path(relative)
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        staging = f"{path}.{uuid.uuid4().hex}.tmp"
+        with self.fs.open_output_stream(staging) as out:
+            out.write(data)
+        self.fs.move(staging, path)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import lance
+import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
@@ -220,6 +221,24 @@ class LsmTable:
                                    dels.num_rows if dels is not None else 0)
 
         return WriteResult(tuple(self._for_each_shard(write_shard, shard_ids)))
+
+    def claim(self, shard_ids: Iterable[str] | None = None) -> None:
+        """Open writers now (claim epoch, replay the WAL tail) instead of on first write.
+
+        Claiming fences any other writer of those shards.
+        """
+        self._for_each_shard(self._writer, shard_ids if shard_ids is not None else self.shard_ids)
+
+    def writer_stats(self) -> dict[str, dict]:
+        """``ShardWriter.stats()`` of every writer this object holds open, by shard."""
+        return {shard_id: writer.stats() for shard_id, writer in self._writers.items()}
+
+    def buckets(self, rows: pa.Table) -> np.ndarray:
+        """The bucket (index into ``shard_ids``) of each row, by Lance's hash.
+
+        Key columns must already have the table's types: the hash depends on them.
+        """
+        return self._router.buckets(rows)
 
     def flush(self, shard: str | None = None) -> list[str]:
         """Flush unflushed WAL data into new generations; return the shards flushed.

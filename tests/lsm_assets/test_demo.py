@@ -5,7 +5,7 @@ from __future__ import annotations
 from dagster import materialize
 
 from lsm_assets.demo import demo_changes
-from resources import LsmTableResource
+from resources.table_resource import LsmTableResource
 from resources.lsm import LsmTable
 from resources.lsm.changegen import ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
