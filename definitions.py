@@ -1,16 +1,22 @@
 """The code location: one ``Definitions`` object, loaded by workspace.yaml."""
 
-from dagster import Definitions
+from dagster import Definitions, load_assets_from_modules
 
+import lsm_assets.ingestion
 from jobs import all_jobs
-from lsm_assets.demo import demo_changes
+from resources.region_writer import RegionWriterResource
+from resources.spark import lsm_pyspark_resource
 from resources.table_resource import LsmTableResource
 from sensors import all_schedules, all_sensors
 
 defs = Definitions(
-    assets=[demo_changes],
+    assets=load_assets_from_modules([lsm_assets.ingestion]),
     jobs=all_jobs,
     sensors=all_sensors,
     schedules=all_schedules,
-    resources={"lsm_table": LsmTableResource()},
+    resources={
+        "lsm_table": LsmTableResource(),
+        "region_writers": RegionWriterResource(lsm_table=LsmTableResource()),
+        "pyspark": lsm_pyspark_resource(),
+    },
 )

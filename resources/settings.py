@@ -22,3 +22,8 @@ def landing_dir() -> str:
 def spark_master() -> str:
     """``SPARK_MASTER``: the Spark master URL."""
     return os.environ.get("SPARK_MASTER", DEFAULT_SPARK_MASTER)
+
+
+def quarantine_dir() -> str:
+    """``LSM_QUARANTINE_DIR``: where rejected rows go (default ``<landing dir>/_quarantine``)."""
+    return os.environ.get("LSM_QUARANTINE_DIR", os.path.join(landing_dir(), "_quarantine"))

@@ -26,6 +26,7 @@ def spark_conf(master: str) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "2g",
         "spark.sql.adaptive.enabled": "false",  # keep one partition per shard range
     }

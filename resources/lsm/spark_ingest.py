@@ -86,8 +86,19 @@ def pending_landing_files(table_uri: str, landing_dir: str) -> list[LandingFile]
 
 
 def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir: str,
-                         run_id: str | None = None) -> IngestReport:
-    """Ingest every pending landing file into the table; return what happened.
+                         run_id: str | None = None, *, writers: LsmTable | None = None,
+                         max_files: int | None = None) -> IngestReport:
+    """Ingest pending landing files (file-name order) into the table; return what happened.
+
+    Parameters
+    ----------
+    writers
+        ``None`` (batch mode): Spark tasks write, each opening and closing the
+        writers of its shards. An :class:`LsmTable` whose writers stay open
+        (continuous mode): Spark stages the files, and the rows are written
+        here through those writers, so no generation is cut per micro-batch.
+    max_files
+        Ingest at most this many files (a micro-batch); ``None`` for all.
 
     Re-running after a crash re-applies exactly the files that were not
     recorded, in order, which leaves the merged view as if they had been
@@ -95,14 +106,14 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
 
     Raises
     ------
-    WriterFencedError (inside the Spark job error)
-        If another writer claimed a shard mid-write; nothing is recorded and
-        the run can be retried.
+    WriterFencedError
+        (In batch mode wrapped in Spark's task error.) Another writer claimed a
+        shard mid-write; nothing is recorded and the run can be retried.
     """
     started = time.monotonic()
     run_id = run_id or uuid.uuid4().hex[:12]
-    table = LsmTable.open(table_uri)
-    files = pending_landing_files(table_uri, landing_dir)
+    table = writers or LsmTable.open(table_uri)
+    files = pending_landing_files(table_uri, landing_dir)[:max_files]
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
@@ -114,7 +125,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
         if rows_quarantined:
             quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
             _quarantine(staged, quarantine_path)
-        shard_stats = _write_shards(staged, table)
+        shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
     finally:
         staged.unpersist()
 
@@ -164,7 +175,22 @@ def _quarantine(staged, path: str) -> None:
         .coalesce(1).write.mode("append").json(path)
 
 
-def _write_shards(staged, table: LsmTable) -> list[ShardIngestStats]:
+def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
+    """Write the good rows through this process's open writers (continuous mode)."""
+    from pyspark.sql import functions as F
+
+    started = time.monotonic()
+    good = staged.filter(F.col(_REASON).isNull()).orderBy(_ORDER, SEQ_COLUMN, _ROW)
+    rows = _renumber_seq(good.toArrow().select([*table.schema.names, OP_COLUMN, SEQ_COLUMN]), 0)
+    written = table.write(rows).shards if rows.num_rows else ()
+    wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
+    elapsed = time.monotonic() - started
+    return [ShardIngestStats(s.shard_id, s.upserts, s.deletes, wal_bytes.get(s.shard_id, 0), elapsed)
+            for s in written]
+
+
+def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
+    """Write the good rows from Spark tasks, one task per shard range (batch mode)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -256,11 +282,7 @@ def _write_partition(batches, uri: str):
     next_seq = 0
     try:
         for batch in batches:
-            rows = pa.Table.from_batches([batch]).select(columns)
-            # Rows arrive sorted by (file, _seq, row); renumbering _seq makes
-            # that order the newest-wins order of each write call.
-            rows = rows.set_column(len(columns) - 1, SEQ_COLUMN,
-                                   pa.array(np.arange(next_seq, next_seq + rows.num_rows, dtype=np.int64)))
+            rows = _renumber_seq(pa.Table.from_batches([batch]).select(columns), next_seq)
             next_seq += rows.num_rows
             for shard in table.write(rows).shards:
                 counts[shard.shard_id][0] += shard.upserts
@@ -273,3 +295,10 @@ def _write_partition(batches, uri: str):
         {"shard_id": s, "upserts": u, "deletes": d, "wal_bytes": wal_bytes.get(s, 0), "write_seconds": elapsed}
         for s, (u, d) in sorted(counts.items())
     ], schema=_STATS_SCHEMA)
+
+
+def _renumber_seq(rows: pa.Table, start: int) -> pa.Table:
+    """Rows arrive sorted by (file, _seq, row); renumbering ``_seq`` in that
+    order makes it the newest-wins order of a ``write`` call."""
+    seq = pa.array(np.arange(start, start + rows.num_rows, dtype=np.int64))
+    return rows.set_column(rows.schema.get_field_index(SEQ_COLUMN), SEQ_COLUMN, seq)

@@ -8,7 +8,9 @@ generations and the WAL tail. See DESIGN.md for the contract.
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -18,9 +20,11 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from . import merged_read
+from . import compaction, merged_read
 from .changes import InvalidChangesError, resolve_changes, to_arrow, validate_changes
+from .compaction import CompactionResult, MaintenancePolicy
 from .compaction_marker import read_compacted_generations
+from .gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
 from .routing import ShardRouter, shard_ids_for
 from .schema import empty_tail, with_primary_key
 from .shard_state import ShardState, load_shard_state
@@ -140,6 +144,7 @@ class LsmTable:
         if bucket_column not in primary_key:
             raise ValueError(f"bucket_column {bucket_column!r} must be a primary-key column")
 
+        uri = _absolute(uri)
         dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
         if len(primary_key) == 1:
             dataset.create_scalar_index(primary_key[0], "BTREE")
@@ -162,6 +167,7 @@ class LsmTable:
         ValueError
             If the dataset exists but was not created as an LSM table.
         """
+        uri = _absolute(uri)
         try:
             dataset = lance.dataset(uri, storage_options=storage_options)
         except ValueError as exc:
@@ -260,18 +266,60 @@ class LsmTable:
 
         return list(self._for_each_shard(flush_shard, to_flush))
 
-    def close(self) -> None:
-        """Close every open writer, flushing its MemTable to a new generation."""
+    def close(self) -> list[str]:
+        """Close every open writer, flushing its MemTable to a new generation.
+
+        Writers fenced by another process cannot flush; their acknowledged rows
+        are in the WAL, which the new owner replays. Returns those shards.
+        """
         writers, self._writers = self._writers, {}
+        fenced = []
         for shard_id, writer in writers.items():
-            with self._fencing_as_error(shard_id):
-                writer.close()
+            try:
+                with self._fencing_as_error(shard_id):
+                    writer.close()
+            except WriterFencedError:
+                fenced.append(shard_id)
+        return fenced
 
     def __enter__(self) -> "LsmTable":
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+    # ------------------------------------------------------------- maintenance
+
+    def compact(self, shard: str | None = None, *,
+                max_rows_per_pass: int = compaction.DEFAULT_MAX_ROWS_PER_PASS,
+                maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
+        """Merge flushed generations into the base table (one shard, or all).
+
+        Per shard, the generations the manifest lists above the compacted
+        marker when the call starts are merged in ascending order, newest
+        wins, in passes of at most ``max_rows_per_pass`` rows; each pass is
+        one commit carrying its data and the new marker. Idempotent and
+        crash-safe: the merged view never changes and nothing is applied
+        twice. Afterwards the base's files and indexes are tidied per
+        ``maintenance`` (``None``: skip). See :mod:`resources.lsm.compaction`.
+        """
+        return compaction.compact(self, [shard] if shard else self.shard_ids,
+                                  max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
+
+    def gc(self, *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+           wal_grace_seconds: float = DEFAULT_GRACE_SECONDS, retain_versions: int | None = None,
+           older_than: timedelta | None = DEFAULT_VERSION_RETENTION) -> GcResult:
+        """Remove what is compacted, consumed or orphaned; return counts and bytes per kind.
+
+        Old base versions go per ``older_than`` / ``retain_versions``
+        (Lance's ``cleanup_old_versions``); merged generations once no
+        retained base version can list them as pending; WAL entries and
+        orphan generation directories once older than their grace periods.
+        The merged view never changes. See :mod:`resources.lsm.gc`.
+        """
+        return collect_garbage(self, orphan_grace_seconds=orphan_grace_seconds,
+                               wal_grace_seconds=wal_grace_seconds,
+                               retain_versions=retain_versions, older_than=older_than)
 
     # ------------------------------------------------------------------- reads
 
@@ -371,3 +419,9 @@ class LsmTable:
             return [work(s) for s in shard_ids]
         with ThreadPoolExecutor(max_workers=len(shard_ids), thread_name_prefix="lsm-shard") as pool:
             return list(pool.map(work, shard_ids))
+
+
+def _absolute(uri: str) -> str:
+    """Local paths become absolute: Spark executors and other processes resolve
+    them from another working directory."""
+    return uri if "://" in uri else os.path.abspath(uri)

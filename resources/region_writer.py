@@ -1,0 +1,67 @@
+"""``RegionWriterResource``: shard writers held open for the duration of a run."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import pyarrow as pa
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
+
+from .lsm import LsmTable, WriteResult
+from .lsm.schema import DELETE, OP_COLUMN
+from .table_resource import LsmTableResource
+
+
+class RegionWriterResource(ConfigurableResource):
+    """Claims shard writers when a run starts and closes them when it ends.
+
+    Opening a writer claims its shard (epoch + 1, fencing any other writer)
+    and replays the shard's WAL tail. Teardown — after success *or* failure —
+    closes every writer, flushing its MemTable into a new generation. A writer
+    fenced by another process raises ``WriterFencedError``: rows acknowledged
+    before are safe in the WAL, so the run can simply be retried.
+    """
+
+    lsm_table: LsmTableResource = Field(default_factory=LsmTableResource, description="The table to write.")
+    buckets: list[int] | None = Field(default=None, description="Buckets to claim at start (default: all).")
+    _table: LsmTable | None = PrivateAttr(default=None)
+
+    @contextmanager
+    def yield_for_execution(self, context: InitResourceContext) -> Iterator["RegionWriterResource"]:
+        table = self.lsm_table.open()
+        shard_ids = [table.shard_ids[b] for b in self.buckets] if self.buckets is not None else table.shard_ids
+        table.claim(shard_ids)
+        if context.log:
+            context.log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
+        self._table = table
+        try:
+            yield self
+        finally:
+            self._table = None
+            fenced = table.close()
+            if context.log:
+                context.log.info(f"closed the shard writers of {table.uri} (MemTables flushed)")
+                if fenced:
+                    context.log.warning(f"shards {fenced} were fenced by another writer; their "
+                                        "acknowledged rows stay in the WAL for the new owner")
+
+    @property
+    def table(self) -> LsmTable:
+        """The table whose writers this run holds (only inside a run)."""
+        if self._table is None:
+            raise RuntimeError("RegionWriterResource is only usable while a run holds it")
+        return self._table
+
+    def put(self, rows: pa.Table) -> WriteResult:
+        """Upsert rows; returns once they are durable."""
+        return self.table.write(rows)
+
+    def delete(self, keys: pa.Table) -> WriteResult:
+        """Delete by primary key; returns once the deletes are durable."""
+        return self.table.write(keys.append_column(OP_COLUMN, pa.array([DELETE] * keys.num_rows)))
+
+    def stats(self) -> dict[str, dict]:
+        """Writer statistics (puts, WAL flushes and bytes, MemTable flushes) by shard."""
+        return self.table.writer_stats()
