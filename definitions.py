@@ -3,6 +3,7 @@
 from dagster import Definitions, load_assets_from_modules
 
 import lsm_assets.ingestion
+import lsm_assets.maintenance
 from jobs import all_jobs
 from resources.region_writer import RegionWriterResource
 from resources.spark import lsm_pyspark_resource
@@ -10,7 +11,7 @@ from resources.table_resource import LsmTableResource
 from sensors import all_schedules, all_sensors
 
 defs = Definitions(
-    assets=load_assets_from_modules([lsm_assets.ingestion]),
+    assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
     jobs=all_jobs,
     sensors=all_sensors,
     schedules=all_schedules,

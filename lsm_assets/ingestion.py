@@ -7,6 +7,7 @@ from dagster import (AssetExecutionContext, AssetMaterialization, Config, Materi
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from resources.lsm.backpressure import BackpressurePolicy, await_merge_capacity
 from resources.lsm.changegen import ChangeStreamSpec, write_landing_files
 from resources.lsm.spark_ingest import IngestReport, ingest_landing_files
 from resources.region_writer import RegionWriterResource
@@ -30,6 +31,17 @@ class IngestConfig(Config):
     landing_dir: str = Field(default_factory=landing_dir, description="Landing files (env LSM_LANDING_DIR).")
     quarantine_dir: str = Field(default_factory=quarantine_dir,
                                 description="Rejected rows (env LSM_QUARANTINE_DIR).")
+    stop_generations: int = Field(default=BackpressurePolicy.stop_generations, description=(
+        "Backpressure: stop ingesting while a shard has this many generations awaiting merge."))
+    backpressure: str = Field(default=BackpressurePolicy.mode,
+                              description="'wait' for merges to catch up, or 'fail' fast.")
+    max_wait_seconds: float = Field(default=BackpressurePolicy.max_wait_seconds,
+                                    description="Longest backpressure wait before failing.")
+
+    def backpressure_policy(self) -> BackpressurePolicy:
+        if self.backpressure not in ("wait", "fail"):
+            raise ValueError(f"backpressure must be 'wait' or 'fail', not {self.backpressure!r}")
+        return BackpressurePolicy(self.stop_generations, self.backpressure, self.max_wait_seconds)
 
 
 @asset(group_name="ingestion", kinds={"python", "parquet"})
@@ -57,10 +69,12 @@ def ingested_changes(context: AssetExecutionContext, config: IngestConfig, pyspa
     the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
     file, row and reason; a file is recorded as ingested only after its rows are durable."""
     table = lsm_table.open()
+    waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
     report = ingest_landing_files(pyspark.spark_session, table.uri, config.landing_dir,
                                   config.quarantine_dir, run_id=context.run.run_id)
     log_report(context, report, table.shard_ids)
-    return MaterializeResult(metadata=report_metadata(report, table.shard_ids))
+    return MaterializeResult(metadata={**report_metadata(report, table.shard_ids),
+                                       "backpressure_wait_s": round(waited, 1)})
 
 
 class ContinuousIngestConfig(IngestConfig):
@@ -82,6 +96,7 @@ def ingest_continuously(context: OpExecutionContext, config: ContinuousIngestCon
     spark = context.resources.pyspark.spark_session
     idle = batches = 0
     while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
+        await_merge_capacity(writers.table, config.backpressure_policy(), context.log.warning)
         report = ingest_landing_files(spark, writers.table.uri, config.landing_dir, config.quarantine_dir,
                                       run_id=context.run.run_id, writers=writers.table,
                                       max_files=config.max_files_per_batch)

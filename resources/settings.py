@@ -27,3 +27,8 @@ def spark_master() -> str:
 def quarantine_dir() -> str:
     """``LSM_QUARANTINE_DIR``: where rejected rows go (default ``<landing dir>/_quarantine``)."""
     return os.environ.get("LSM_QUARANTINE_DIR", os.path.join(landing_dir(), "_quarantine"))
+
+
+def num_shards() -> int:
+    """``LSM_NUM_SHARDS``: shards of a new table, and the shard partitions of maintenance assets."""
+    return int(os.environ.get("LSM_NUM_SHARDS", "4"))

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from .lsm import LsmTable, TableNotFoundError
 from .lsm.changegen import EVENTS_SCHEMA
-from .settings import table_uri
+from .settings import num_shards, table_uri
 
 
 class LsmTableResource(ConfigurableResource):
@@ -17,7 +17,8 @@ class LsmTableResource(ConfigurableResource):
     """
 
     uri: str = Field(default_factory=table_uri, description="Table URI (env LSM_TABLE_URI).")
-    num_shards: int = Field(default=4, description="Shards (MemWAL buckets) when the table is created.")
+    num_shards: int = Field(default_factory=num_shards,
+                            description="Shards (MemWAL buckets) of a new table (env LSM_NUM_SHARDS).")
 
     def open(self) -> LsmTable:
         """Open the table, creating it with the events schema if it does not exist."""

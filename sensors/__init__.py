@@ -1,4 +1,6 @@
-"""When things run on their own: sensors and schedules (none yet)."""
+"""When things run on their own: sensors and schedules."""
 
-all_sensors: list = []
-all_schedules: list = []
+from .maintenance import flush_sensor, gc_schedule, merge_sensor
+
+all_sensors = [flush_sensor, merge_sensor]
+all_schedules = [gc_schedule]

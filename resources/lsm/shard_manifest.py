@@ -64,6 +64,7 @@ class WalEntryFile:
     position: int
     name: str
     size: int
+    mtime_ns: int | None
 
 
 def shard_dir(shard_id: str) -> str:
@@ -104,7 +105,7 @@ def decode_shard_manifest(data: bytes) -> ShardManifest:
 def list_wal_entries(storage: TableStorage, shard_id: str) -> list[WalEntryFile]:
     """Every WAL entry file of a shard, in ascending position."""
     entries = [
-        WalEntryFile(parse_position(f.name[: -len(".arrow")]), f.name, f.size)
+        WalEntryFile(parse_position(f.name[: -len(".arrow")]), f.name, f.size, f.mtime_ns)
         for f in storage.list_dir(f"{shard_dir(shard_id)}/wal")
         if f.name.endswith(".arrow")
     ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest
+from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
 from .storage import TableStorage
 
 
@@ -30,6 +30,11 @@ class ShardState:
         Highest generation merged into the base table (0: none).
     unflushed_wal_entries, unflushed_wal_bytes
         WAL entries after the replay position: durable, not yet in a generation.
+    unflushed_wal_first_mtime_ns, unflushed_wal_last_mtime_ns
+        When the oldest and newest of those entries were written (``None``
+        without entries, or on stores that keep no modification times).
+    oldest_pending_mtime_ns
+        When the oldest generation above the compacted marker was flushed.
     orphan_directories
         Generation directories on storage that the manifest does not list;
         never read, removed by garbage collection.
@@ -45,6 +50,9 @@ class ShardState:
     compacted_generation: int
     unflushed_wal_entries: int
     unflushed_wal_bytes: int
+    unflushed_wal_first_mtime_ns: int | None
+    unflushed_wal_last_mtime_ns: int | None
+    oldest_pending_mtime_ns: int | None
     orphan_directories: tuple[str, ...]
 
     @property
@@ -60,8 +68,11 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
     unflushed = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
+    wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
-    orphans = tuple(d for _, d in list_generation_dirs(storage, shard_id) if d not in listed_dirs)
+    present = list_generation_dirs(storage, shard_id)
+    orphans = tuple(d for _, d in present if d not in listed_dirs)
+    pending = [d for g, d in listed if g > compacted_generation]
     return ShardState(
         shard_id=shard_id,
         bucket=bucket,
@@ -73,5 +84,15 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
         compacted_generation=compacted_generation,
         unflushed_wal_entries=len(unflushed),
         unflushed_wal_bytes=sum(e.size for e in unflushed),
+        unflushed_wal_first_mtime_ns=min(wal_mtimes, default=None),
+        unflushed_wal_last_mtime_ns=max(wal_mtimes, default=None),
+        oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending else None,
         orphan_directories=orphans,
     )
+
+
+def _flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
+    """When a generation was committed: the mtime of its dataset manifest."""
+    mtimes = [f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions")
+              if f.mtime_ns is not None]
+    return min(mtimes, default=None)

@@ -1,0 +1,73 @@
+"""Flush and merge sensors against real tables and a real Dagster instance."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from dagster import DagsterRun, DagsterRunStatus, SkipReason, build_sensor_context, instance_for_test
+
+from definitions import defs
+from jobs import flush_shard_job, merge_shard_job
+from lsm_assets.live_writers import WRITER_TAGS
+from resources.lsm import LsmTable
+from resources.lsm.changegen import EVENTS_SCHEMA
+from resources.table_resource import LsmTableResource
+from sensors.maintenance import merge_sensor, needs_flush, shard_sensor
+from tests.helpers import keys_in_bucket, write_generation
+
+
+@pytest.fixture
+def instance():
+    with instance_for_test() as instance:
+        yield instance
+
+
+def _evaluate(sensor, instance, uri: str, cursor: str | None = None):
+    """One tick of ``sensor`` against the code location's repository and a test table."""
+    context = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
+                                   resources={"lsm_table": LsmTableResource(uri=uri)})
+    return sensor.evaluate_tick(context)
+
+
+def test_merge_sensor_requests_exactly_the_shards_at_the_trigger_once(make_table, instance):
+    table = make_table(EVENTS_SCHEMA, num_shards=4)
+    for generation in range(4):  # buckets 1 and 3 reach the trigger (4), bucket 2 stays at 2
+        write_generation(table, keys_in_bucket(table, 1, 5, start=generation * 1000), f"g{generation}")
+        write_generation(table, keys_in_bucket(table, 3, 5, start=generation * 1000), f"g{generation}")
+        if generation < 2:
+            write_generation(table, keys_in_bucket(table, 2, 5, start=generation * 1000), f"g{generation}")
+
+    first = _evaluate(merge_sensor, instance, table.uri)
+    assert sorted(r.partition_key for r in first.run_requests) == ["1", "3"]
+    assert {r.job_name for r in first.run_requests} <= {None, merge_shard_job.name}
+    # The same state asks for the same work: Dagster drops a repeated run_key.
+    again = _evaluate(merge_sensor, instance, table.uri, cursor=first.cursor)
+    assert {r.run_key for r in again.run_requests} == {r.run_key for r in first.run_requests}
+
+    table.compact(table.shard_ids[1])
+    after = _evaluate(merge_sensor, instance, table.uri, cursor=again.cursor)
+    assert [r.partition_key for r in after.run_requests] == ["3"]
+    table.compact()
+    done = _evaluate(merge_sensor, instance, table.uri)
+    assert not done.run_requests and "no shard needs it" in done.skip_message
+
+
+def test_flush_sensor_requests_crashed_shards_and_waits_for_live_writers(make_table, instance):
+    table = make_table(EVENTS_SCHEMA, num_shards=4)
+    keys = keys_in_bucket(table, 0, 3) + keys_in_bucket(table, 2, 3)
+    table.write(pa.table({"id": keys, "customer": ["c"] * 6, "amount": [1.0] * 6, "status": ["new"] * 6}))
+    table._writers.clear()  # the writers die without closing: their WAL is unflushed
+    sensor = shard_sensor("test_flush_sensor", flush_shard_job, needs_flush(0, 0, 0), "test",
+                          skip_while_writing=True)
+
+    result = _evaluate(sensor, instance, table.uri)
+    assert sorted(r.partition_key for r in result.run_requests) == ["0", "2"]
+
+    instance.add_run(DagsterRun(job_name="ingest_job", run_id="live-writer", tags=WRITER_TAGS,
+                                status=DagsterRunStatus.STARTED))
+    waiting = _evaluate(sensor, instance, table.uri)
+    assert not waiting.run_requests and "live-writer" in waiting.skip_message
+
+    LsmTable.open(table.uri).flush()
+    instance.delete_run("live-writer")
+    assert not _evaluate(sensor, instance, table.uri).run_requests
