@@ -1,6 +1,7 @@
 """When things run: job definitions.
 
-``ingest_job``, ``flush_job``, ``merge_job``, ``gc_job`` and ``demo_job`` run
+``ingest_job``, ``flush_job``, ``merge_job``, ``gc_job`` and ``demo_job`` (the
+end-to-end pipeline of the README quick start) run
 from the CLI with only the environment defaults::
 
     dagster job execute -m definitions -j merge_job
@@ -12,6 +13,7 @@ tag, so a flush never claims a shard from a live ingestion.
 
 from dagster import AssetSelection, define_asset_job, job
 
+from lsm_assets.demo import collect_table_garbage, generate_landing_files, ingest_landing, summarize_table
 from lsm_assets.ingestion import ingest_continuously
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flush_all_shards, merge_all_shards
@@ -53,12 +55,15 @@ gc_job = define_asset_job(
     "gc_job", selection=AssetSelection.assets("garbage_collected"),
     description="Delete merged generations, consumed WAL, old orphans and old base versions.")
 
-demo_job = define_asset_job(
-    "demo_job",
-    selection=AssetSelection.assets("landing_changes", "ingested_changes"),
-    tags=WRITER_TAGS,
-    description="End to end: generate a change stream as landing files and ingest it with Spark.",
-)
+@job(tags=WRITER_TAGS, config={"ops": {"collect_table_garbage": {"config": {
+    "orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}}}},
+     description="End to end on the default table: generate a change stream, ingest it with Spark, "
+                 "flush, merge into the base, collect garbage, and summarize the merged view.")
+def demo_job():
+    ingested = ingest_landing(after=generate_landing_files())
+    merged = merge_all_shards(after=flush_all_shards(after=ingested))
+    summarize_table(after=collect_table_garbage(after=merged))
+
 
 all_jobs = [ingest_job, continuous_ingest_job, flush_job, merge_job, flush_shard_job, merge_shard_job,
             gc_job, demo_job]

@@ -7,6 +7,7 @@ from dagster import (AssetExecutionContext, AssetMaterialization, Config, Materi
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
+from resources.lsm import LsmTable
 from resources.lsm.backpressure import BackpressurePolicy, await_merge_capacity
 from resources.lsm.changegen import ChangeStreamSpec, write_landing_files
 from resources.lsm.spark_ingest import IngestReport, ingest_landing_files
@@ -44,10 +45,8 @@ class IngestConfig(Config):
         return BackpressurePolicy(self.stop_generations, self.backpressure, self.max_wait_seconds)
 
 
-@asset(group_name="ingestion", kinds={"python", "parquet"})
-def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig) -> MaterializeResult:
-    """A generated change stream written as landing files (upserts, deletes, re-inserts,
-    out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
+def write_landing(context, config: LandingChangesConfig) -> dict:
+    """Write the configured change stream into the landing directory; return its metadata."""
     spec = ChangeStreamSpec(num_keys=config.num_keys, num_batches=config.num_batches,
                             batch_size=config.batch_size, update_ratio=config.update_ratio,
                             delete_ratio=config.delete_ratio, reinsert_ratio=config.reinsert_ratio,
@@ -56,10 +55,24 @@ def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig
     batches = write_landing_files(spec, landing_dir(), config.file_format, config.malformed_rows, prefix)
     rows = sum(b.num_rows for b in batches)
     context.log.info(f"wrote {len(batches)} {config.file_format} files ({rows} rows) to {landing_dir()}")
-    return MaterializeResult(metadata={
-        "files": len(batches), "rows": rows, "malformed_rows": config.malformed_rows * len(batches),
-        "landing_dir": MetadataValue.path(landing_dir()),
-    })
+    return {"files": len(batches), "rows": rows, "malformed_rows": config.malformed_rows * len(batches),
+            "landing_dir": MetadataValue.path(landing_dir())}
+
+
+def ingest(context, config: IngestConfig, spark, table: LsmTable) -> dict:
+    """Ingest every pending landing file with Spark (after backpressure); return the metadata."""
+    waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
+    report = ingest_landing_files(spark, table.uri, config.landing_dir, config.quarantine_dir,
+                                  run_id=context.run.run_id)
+    log_report(context, report, table.shard_ids)
+    return {**report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
+
+
+@asset(group_name="ingestion", kinds={"python", "parquet"})
+def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig) -> MaterializeResult:
+    """A generated change stream written as landing files (upserts, deletes, re-inserts,
+    out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
+    return MaterializeResult(metadata=write_landing(context, config))
 
 
 @asset(group_name="ingestion", deps=[landing_changes], kinds={"spark", "lance"})
@@ -68,13 +81,7 @@ def ingested_changes(context: AssetExecutionContext, config: IngestConfig, pyspa
     """Every pending landing file, validated, routed by Lance's hash and made durable in
     the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
     file, row and reason; a file is recorded as ingested only after its rows are durable."""
-    table = lsm_table.open()
-    waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
-    report = ingest_landing_files(pyspark.spark_session, table.uri, config.landing_dir,
-                                  config.quarantine_dir, run_id=context.run.run_id)
-    log_report(context, report, table.shard_ids)
-    return MaterializeResult(metadata={**report_metadata(report, table.shard_ids),
-                                       "backpressure_wait_s": round(waited, 1)})
+    return MaterializeResult(metadata=ingest(context, config, pyspark.spark_session, lsm_table.open()))
 
 
 class ContinuousIngestConfig(IngestConfig):

@@ -10,7 +10,8 @@ record it as materializations of the same partitions.
 import time
 from datetime import timedelta
 
-from dagster import (AssetExecutionContext, AssetMaterialization, Config, MaterializeResult, OpExecutionContext,
+from dagster import (AssetExecutionContext, AssetMaterialization, Config, In, MaterializeResult, Nothing,
+                     OpExecutionContext,
                      StaticPartitionsDefinition, asset, op)
 from pydantic import Field
 
@@ -84,7 +85,7 @@ def flushed_generations(context: AssetExecutionContext, config: FlushConfig,
     return MaterializeResult(metadata=flush_shard(context, lsm_table.open(), int(context.partition_key), config))
 
 
-@op(required_resource_keys={"lsm_table"})
+@op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
 def flush_all_shards(context: OpExecutionContext, config: FlushConfig) -> None:
     """Flush every shard (skipping live writers), recorded per shard partition."""
     table = context.resources.lsm_table.open()
@@ -130,7 +131,7 @@ def merged_base(context: AssetExecutionContext, config: MergeConfig,
     return MaterializeResult(metadata=merge_shard(context, lsm_table.open(), int(context.partition_key), config))
 
 
-@op(required_resource_keys={"lsm_table"})
+@op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
 def merge_all_shards(context: OpExecutionContext, config: MergeConfig) -> None:
     """Merge every shard into the base, recorded per shard partition."""
     table = context.resources.lsm_table.open()
@@ -141,21 +142,26 @@ def merge_all_shards(context: OpExecutionContext, config: MergeConfig) -> None:
 
 # ---------------------------------------------------------------------------- gc
 
-@asset(group_name="maintenance", deps=[merged_base], kinds={"lance"})
-def garbage_collected(context: AssetExecutionContext, config: GcConfig,
-                      lsm_table: LsmTableResource) -> MaterializeResult:
-    """Storage reclaimed: merged generations no retained base version needs, consumed WAL
-    entries, orphan generation directories past their grace period, old base versions."""
-    result = lsm_table.open().gc(orphan_grace_seconds=config.orphan_grace_seconds,
-                                 wal_grace_seconds=config.wal_grace_seconds,
-                                 older_than=timedelta(hours=config.version_retention_hours))
+def collect_garbage(context, table: LsmTable, config: GcConfig) -> dict:
+    """Run GC on the table; return bytes and counts reclaimed per kind."""
+    result = table.gc(orphan_grace_seconds=config.orphan_grace_seconds,
+                      wal_grace_seconds=config.wal_grace_seconds,
+                      older_than=timedelta(hours=config.version_retention_hours))
     metadata: dict = {"bytes_reclaimed": result.bytes_reclaimed, "elapsed_s": round(result.elapsed_seconds, 3)}
     for kind in ("compacted_generations", "wal_entries", "orphan_directories", "base_versions"):
         reclaimed = getattr(result, kind)
         metadata[f"{kind}_deleted"] = reclaimed.count
         metadata[f"{kind}_bytes"] = reclaimed.bytes
         context.log.info(f"{kind}: {reclaimed.count} deleted, {reclaimed.bytes} bytes")
-    return MaterializeResult(metadata=metadata)
+    return metadata
+
+
+@asset(group_name="maintenance", deps=[merged_base], kinds={"lance"})
+def garbage_collected(context: AssetExecutionContext, config: GcConfig,
+                      lsm_table: LsmTableResource) -> MaterializeResult:
+    """Storage reclaimed: merged generations no retained base version needs, consumed WAL
+    entries, orphan generation directories past their grace period, old base versions."""
+    return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))
 
 
 def _age_seconds(mtime_ns: int | None) -> float | None:
