@@ -9,8 +9,9 @@ record it as materializations of the same partitions.
 
 import time
 from datetime import timedelta
+from typing import Callable
 
-from dagster import (AssetExecutionContext, AssetMaterialization, Config, In, MaterializeResult, Nothing,
+from dagster import (AssetExecutionContext, AssetKey, AssetMaterialization, Config, In, MaterializeResult, Nothing,
                      OpExecutionContext,
                      StaticPartitionsDefinition, asset, op)
 from pydantic import Field
@@ -88,10 +89,7 @@ def flushed_generations(context: AssetExecutionContext, config: FlushConfig,
 @op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
 def flush_all_shards(context: OpExecutionContext, config: FlushConfig) -> None:
     """Flush every shard (skipping live writers), recorded per shard partition."""
-    table = context.resources.lsm_table.open()
-    for bucket in range(table.num_shards):
-        metadata = flush_shard(context, table, bucket, config)
-        context.log_event(AssetMaterialization(flushed_generations.key, partition=str(bucket), metadata=metadata))
+    _for_every_shard(context, flushed_generations.key, lambda table, bucket: flush_shard(context, table, bucket, config))
 
 
 # ------------------------------------------------------------------------- merge
@@ -134,10 +132,7 @@ def merged_base(context: AssetExecutionContext, config: MergeConfig,
 @op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
 def merge_all_shards(context: OpExecutionContext, config: MergeConfig) -> None:
     """Merge every shard into the base, recorded per shard partition."""
-    table = context.resources.lsm_table.open()
-    for bucket in range(table.num_shards):
-        metadata = merge_shard(context, table, bucket, config)
-        context.log_event(AssetMaterialization(merged_base.key, partition=str(bucket), metadata=metadata))
+    _for_every_shard(context, merged_base.key, lambda table, bucket: merge_shard(context, table, bucket, config))
 
 
 # ---------------------------------------------------------------------------- gc
@@ -162,6 +157,14 @@ def garbage_collected(context: AssetExecutionContext, config: GcConfig,
     """Storage reclaimed: merged generations no retained base version needs, consumed WAL
     entries, orphan generation directories past their grace period, old base versions."""
     return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))
+
+
+def _for_every_shard(context: OpExecutionContext, asset_key: AssetKey,
+                     work: Callable[[LsmTable, int], dict]) -> None:
+    """Run ``work`` on each shard in turn, recording its metadata on that shard's partition."""
+    table = context.resources.lsm_table.open()
+    for bucket in range(table.num_shards):
+        context.log_event(AssetMaterialization(asset_key, partition=str(bucket), metadata=work(table, bucket)))
 
 
 def _age_seconds(mtime_ns: int | None) -> float | None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from dagster import InitResourceContext
 from dagster_pyspark import PySparkResource
 
+from .lsm import register_spark_source
 from .settings import spark_master
 
 
@@ -28,7 +30,12 @@ def spark_conf(master: str) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": "2g",
-        "spark.sql.adaptive.enabled": "false",  # keep one partition per shard range
+        "spark.sql.adaptive.enabled": "false",  # keep one partition per shard
+        # The lance_lsm source pushes filters; Spark refuses it unless this is on.
+        "spark.sql.python.filterPushdown.enabled": "true",
+        # Ingestion hands each write task its shard's staged Arrow blocks; a
+        # batch is cut at 10k rows by default, which for blocks means no bound.
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(64 << 20),
     }
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -36,6 +43,14 @@ def spark_conf(master: str) -> dict[str, str]:
     return conf
 
 
-def lsm_pyspark_resource() -> PySparkResource:
-    """dagster-pyspark's resource configured for this platform."""
-    return PySparkResource(spark_config=spark_conf(spark_master()))
+class LsmPySparkResource(PySparkResource):
+    """dagster-pyspark's resource whose session can read ``spark.read.format("lance_lsm")``."""
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        super().setup_for_execution(context)
+        register_spark_source(self.spark_session)
+
+
+def lsm_pyspark_resource() -> LsmPySparkResource:
+    """The platform's PySpark resource: this platform's settings, ``lance_lsm`` registered."""
+    return LsmPySparkResource(spark_config=spark_conf(spark_master()))

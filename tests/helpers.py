@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
+from resources.lsm.shard_manifest import list_wal_entries, position_name, shard_dir
+from resources.lsm.wal_tail import read_wal_entry
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -30,3 +33,23 @@ def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
     table.write(pa.table({"id": pa.array(keys, pa.int64()), "customer": [label] * len(keys),
                           "amount": [float(k) for k in keys], "status": ["new"] * len(keys)}))
     table.close()
+
+
+def forge_null_key_wal_entry(table: LsmTable, bucket: int = 0) -> None:
+    """Append a WAL entry with a null key to a shard, as only a forged write could (Lance refuses
+    null keys everywhere else); the shard's writer is left crashed so the entry is unflushed."""
+    key = keys_in_bucket(table, bucket, 1)[0]
+    table.write(pa.table({"id": [key], "name": ["ok"], "price": [1.0]}))
+    table._writers.clear()
+    shard = table.shards()[bucket]
+    entry = list_wal_entries(table._storage, shard.shard_id)[-1]
+    _, rows = read_wal_entry(table._storage, shard.shard_id, entry)
+    schema = pa.schema([f.with_nullable(True) for f in rows.schema], metadata=rows.schema.metadata)
+    forged = pa.table({"id": pa.array([None], pa.int64()), "name": ["null"], "price": [0.0],
+                       "_tombstone": [False]}, schema=schema)
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, schema) as writer:
+        writer.write_table(forged)
+    path = f"{table.uri}/{shard_dir(shard.shard_id)}/wal/{position_name(entry.position + 1)}.arrow"
+    with open(path, "wb") as out:
+        out.write(sink.getvalue().to_pybytes())

@@ -24,7 +24,10 @@ So the source carries the upserts only, and deletes ride on
 ``when_not_matched_by_source_delete("<key> IN (...)")``: a deleted key is
 never in the source, so its base row is exactly a "not matched by source"
 row the predicate selects. The price: a pass with deletes joins against the
-whole base table.
+whole base table. Without deletes the merge hash-joins the source against
+a scan of the base rather than probing the key index per row (see
+``_INDEX_JOIN_MAX_FRACTION``): each shard's commit costs about one scan of
+the base.
 
 Safety:
 
@@ -64,6 +67,11 @@ DEFAULT_MAX_ROWS_PER_PASS = 1_000_000
 MAX_CONFLICTS_PER_SHARD = 8
 """Commit conflicts one shard's merge tolerates (re-planning each time) before giving up."""
 
+# A merge either probes the primary-key BTREE once per source row or hash-joins
+# the source against a scan of the base. Measured with pylance 14.0.2 (1-3M base
+# rows, 2 cores), the hash join wins from about 0.01% of the base's rows upward
+# (50k rows into 1M: 0.07 s vs 0.20 s; 100 rows into 3M: 0.04 s vs 0.02 s).
+_INDEX_JOIN_MAX_FRACTION = 1e-4
 # Messages of the OSErrors pylance raises when a commit loses to a concurrent one.
 _CONFLICT_MESSAGES = ("Stale SSTable compaction", "Too many concurrent writers", "commit conflict")
 _I64_MIN = -(2**63)
@@ -246,7 +254,8 @@ def compact_shard(table: "LsmTable", shard_id: str, targets: Sequence[tuple[int,
         rows_upserted=upserted, rows_deleted=deleted, conflicts=conflicts, base_version=version,
         compacted_generation=after.compacted_generation,
         pending_generations=len(after.pending_generations),
-        oldest_pending_age_seconds=_oldest_pending_age(table, after),
+        oldest_pending_age_seconds=(time.time_ns() - after.oldest_pending_mtime_ns) / 1e9
+        if after.oldest_pending_mtime_ns is not None else None,
         elapsed_seconds=time.monotonic() - started,
     )
 
@@ -293,6 +302,7 @@ def _commit_pass(base: lance.LanceDataset, primary_key: list[str], shard_id: str
         .when_matched_update_all()
         .when_not_matched_insert_all()
         .conflict_retries(0)
+        .use_index(batch.upserts.num_rows < _INDEX_JOIN_MAX_FRACTION * base.count_rows())
         # One entry per shard and commit: Lance refuses several for one shard.
         .mark_sstables_as_compacted([CompactedSsTable(shard_id, batch.generations[-1])])
     )
@@ -368,7 +378,7 @@ def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolic
     fragments = [f.metadata for f in dataset.get_fragments()]
     small = sum(1 for f in fragments if f.physical_rows < policy.small_fragment_rows)
     physical = sum(f.physical_rows for f in fragments)
-    deleted = sum(f.deletion_file.num_deleted_rows for f in fragments if f.deletion_file)
+    deleted = sum(f.deletion_file.num_deleted_rows or 0 for f in fragments if f.deletion_file)
     return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
 
 
@@ -386,12 +396,3 @@ def _is_commit_conflict(exc: OSError) -> bool:
 def _generation_uri(table: "LsmTable", shard_id: str, directory: str) -> str:
     return f"{table.uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
 
-
-def _oldest_pending_age(table: "LsmTable", state: ShardState) -> float | None:
-    """Seconds since the oldest pending generation was written (its dataset manifest's mtime)."""
-    if not state.pending_generations:
-        return None
-    directory = state.pending_generations[0][1]
-    mtimes = [f.mtime_ns for f in table._storage.list_dir(f"{shard_dir(state.shard_id)}/{directory}/_versions")
-              if f.mtime_ns is not None]
-    return (time.time_ns() - min(mtimes)) / 1e9 if mtimes else None

@@ -148,7 +148,7 @@ def _cleanup_base_versions(dataset: lance.LanceDataset, older_than: timedelta | 
 def _collectable_generations(storage: TableStorage, dataset: lance.LanceDataset,
                              shard_ids: list[str]) -> dict[str, int]:
     """Per shard, the highest generation that rules 1 and 2 allow deleting."""
-    markers = [read_compacted_generations(storage, v["version"]) for v in dataset.versions()]
+    markers = [m for m in (_markers_if_retained(storage, v["version"]) for v in dataset.versions()) if m is not None]
     bounds = {s: min(m.get(s, 0) for m in markers) for s in shard_ids}
     maintained = _maintained_indexes(dataset)
     if maintained:
@@ -156,6 +156,14 @@ def _collectable_generations(storage: TableStorage, dataset: lance.LanceDataset,
         for s in shard_ids:
             bounds[s] = min(bounds[s], *(caught_up.get(i, {}).get(s, 0) for i in maintained))
     return bounds
+
+
+def _markers_if_retained(storage: TableStorage, version: int) -> dict[str, int] | None:
+    """The version's compacted markers, or ``None`` if a concurrent cleanup just removed it."""
+    try:
+        return read_compacted_generations(storage, version)
+    except FileNotFoundError:
+        return None
 
 
 def _maintained_indexes(dataset: lance.LanceDataset) -> list[str]:

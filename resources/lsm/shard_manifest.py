@@ -34,6 +34,7 @@ _SSTABLES = 8
 # lance.table.SsTable: one flushed generation.
 _SSTABLE_GENERATION = 1
 _SSTABLE_PATH = 2
+_SSTABLE_PHYSICAL_ROWS = 4
 
 _GENERATION_DIR = re.compile(r"^[0-9a-f]+_gen_(\d+)$")
 
@@ -48,6 +49,19 @@ def parse_position(stem: str) -> int:
 
 
 @dataclass(frozen=True)
+class SsTable:
+    """One flushed generation as the manifest records it.
+
+    ``physical_rows`` counts every row written, including older duplicates the
+    generation hides behind a deletion vector; ``None`` if the writer left it out.
+    """
+
+    generation: int
+    path: str
+    physical_rows: int | None
+
+
+@dataclass(frozen=True)
 class ShardManifest:
     """The decoded fields of one ShardManifest version."""
 
@@ -57,6 +71,7 @@ class ShardManifest:
     wal_position_last_seen: int
     current_generation: int
     flushed_generations: tuple[tuple[int, str], ...]
+    sstables: tuple[SsTable, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,17 +103,19 @@ def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest |
 
 def decode_shard_manifest(data: bytes) -> ShardManifest:
     message = protowire.decode(data)
-    generations = tuple(
-        (g.int(_SSTABLE_GENERATION), g.string(_SSTABLE_PATH) or "")
-        for g in message.messages(_SSTABLES)
-    )
+    sstables = tuple(sorted(
+        (SsTable(g.int(_SSTABLE_GENERATION), g.string(_SSTABLE_PATH) or "", g.optional_int(_SSTABLE_PHYSICAL_ROWS))
+         for g in message.messages(_SSTABLES)),
+        key=lambda t: t.generation,
+    ))
     return ShardManifest(
         version=message.int(_MANIFEST_VERSION),
         writer_epoch=message.int(_WRITER_EPOCH),
         replay_after_wal_position=message.int(_REPLAY_AFTER_WAL_ENTRY_POSITION),
         wal_position_last_seen=message.int(_WAL_ENTRY_POSITION_LAST_SEEN),
         current_generation=message.int(_CURRENT_GENERATION),
-        flushed_generations=tuple(sorted(generations)),
+        flushed_generations=tuple((t.generation, t.path) for t in sstables),
+        sstables=sstables,
     )
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
+from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
+from .wal_tail import read_wal_entry
 from .storage import TableStorage
 
 
@@ -29,7 +30,10 @@ class ShardState:
     compacted_generation
         Highest generation merged into the base table (0: none).
     unflushed_wal_entries, unflushed_wal_bytes
-        WAL entries after the replay position: durable, not yet in a generation.
+        WAL entries after the replay position that hold changes: durable, not
+        yet in a generation. (Fence sentinels, which a writer appends when it
+        claims the shard and which stay behind when it closes with nothing to
+        flush, do not count: flushing them would only append another.)
     unflushed_wal_first_mtime_ns, unflushed_wal_last_mtime_ns
         When the oldest and newest of those entries were written (``None``
         without entries, or on stores that keep no modification times).
@@ -67,7 +71,8 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
     manifest = read_shard_manifest(storage, shard_id)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
-    unflushed = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
+    unflushed = [e for e in list_wal_entries(storage, shard_id)
+                 if e.position > replay_after and not _is_fence_sentinel(storage, shard_id, e)]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
     present = list_generation_dirs(storage, shard_id)
@@ -96,3 +101,15 @@ def _flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int 
     mtimes = [f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions")
               if f.mtime_ns is not None]
     return min(mtimes, default=None)
+
+
+# A fence sentinel is an Arrow IPC stream with an empty schema: a few hundred
+# bytes. Any entry holding rows carries the table schema and is larger.
+_SENTINEL_MAX_BYTES = 1024
+
+
+def _is_fence_sentinel(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> bool:
+    if entry.size >= _SENTINEL_MAX_BYTES:
+        return False
+    metadata, _ = read_wal_entry(storage, shard_id, entry)
+    return metadata.get("fence_sentinel") == "true"

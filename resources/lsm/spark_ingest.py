@@ -1,17 +1,22 @@
 """Distributed ingestion of landing files with Spark: executors read, route and write.
 
-Pipeline (one Spark job per call to :func:`ingest_landing_files`)::
+Pipeline (one call to :func:`ingest_landing_files`)::
 
-    file list ──mapInArrow(stage)──▶ rows + bucket + rejection reason   (persisted)
+    file list ──mapInArrow(stage)──▶ per file: a summary row (row counts),      (persisted)
+        │                            one block per bucket (Arrow IPC of its good
+        │                            rows, sorted by _seq), one row per rejection
         ├─ rejected rows ──▶ quarantine (JSON Lines: file, row, reason, record)
-        └─ good rows ──repartitionByRange(bucket)──sortWithinPartitions(bucket, file, _seq, row)
-                     ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
+        └─ blocks ──repartitionById(bucket)──sortWithinPartitions(file)
+                  ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
 
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.changes.validate_changes`); the bucket comes from
-Lance's hash (:meth:`LsmTable.buckets`). All rows of a bucket land in one
-partition, so exactly one task writes each shard; that task writes through
-shard writers it opens (claim + replay) and closes (flush) itself. The driver
+Lance's hash (:meth:`LsmTable.buckets`). Spark moves and orders whole blocks,
+not rows: converting a million rows to Spark rows, caching, shuffling and
+sorting them and converting them back cost 3/4 of an ingestion, which Arrow
+blocks skip (see benchmarks/ingest.py). Partition ``b`` holds exactly bucket
+``b``, so one task writes each shard; that task writes through the shard
+writer it opens (claim + replay) and closes (flush) itself. The driver
 records a file in the ledger only after the write job succeeded.
 """
 
@@ -23,22 +28,40 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .changes import Rejection, validate_changes
 from .landing import (IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
                       new_ledger_entry, read_landing_file)
-from .schema import OP_COLUMN, SEQ_COLUMN
-from .table import LsmTable
+from .schema import SEQ_COLUMN
+from .table import LsmTable, ShardTotals
 
-_ORDER, _ROW, _BUCKET, _REASON, _RECORD, _FILE = "__order", "__row", "__bucket", "__reason", "__record", "__file"
+_ORDER, _FILE, _ROWS, _REJECTED = "__order", "__file", "__rows", "__rejected"
+_BUCKET, _BLOCK, _ROW, _REASON, _RECORD = "__bucket", "__block", "__row", "__reason", "__record"
+
+# One staged row is one of: a file's summary (_ROWS, _REJECTED), a block of
+# the file's good rows for one bucket (_BUCKET, _BLOCK), or a rejected row
+# (_ROW, _REASON, _RECORD). Columns of the other kinds are null.
+_STAGED_SCHEMA = pa.schema([
+    (_ORDER, pa.int32()), (_FILE, pa.string()), (_ROWS, pa.int64()), (_REJECTED, pa.int64()),
+    (_BUCKET, pa.int32()), (_BLOCK, pa.binary()),
+    (_ROW, pa.int64()), (_REASON, pa.string()), (_RECORD, pa.string()),
+])
 
 _STATS_SCHEMA = pa.schema([
     ("shard_id", pa.string()), ("upserts", pa.int64()), ("deletes", pa.int64()),
     ("wal_bytes", pa.int64()), ("write_seconds", pa.float64()),
 ])
+
+# Rows per ``write_validated`` call when the table does not record
+# ``max_memtable_rows``: Lance's default. A durable put waits for the WAL
+# flush (~60 ms measured, whatever its size), so the 10k-row calls we made
+# before left a shard waiting 2/3 of its time.
+_LANCE_MAX_MEMTABLE_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -51,7 +74,7 @@ class ShardIngestStats:
 
 
 @dataclass(frozen=True)
-class IngestReport:
+class IngestReport(ShardTotals):
     """What one ingestion did; ``files`` lists the landing files it recorded."""
 
     files: tuple[str, ...] = ()
@@ -61,14 +84,6 @@ class IngestReport:
     elapsed_seconds: float = 0.0
     quarantine_path: str | None = None
     per_file: dict = field(default_factory=dict)
-
-    @property
-    def upserts(self) -> int:
-        return sum(s.upserts for s in self.shards)
-
-    @property
-    def deletes(self) -> int:
-        return sum(s.deletes for s in self.shards)
 
     @property
     def rows_written(self) -> int:
@@ -119,7 +134,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
 
     staged = _stage(spark, table, files).persist()
     try:
-        per_file = {r[_ORDER]: (r["rows"], r["rejected"]) for r in _count_per_file(staged)}
+        per_file = _count_per_file(staged)
         rows_quarantined = sum(rejected for _, rejected in per_file.values())
         quarantine_path = None
         if rows_quarantined:
@@ -153,17 +168,15 @@ def _stage(spark, table: LsmTable, files: list[LandingFile]):
                                     f"{_ORDER} int, {_FILE} string, path string")
     listing = listing.repartition(min(len(files), spark.sparkContext.defaultParallelism))
     uri = table.uri
-    staged_schema = _staged_schema(table.schema)
-    return listing.mapInArrow(lambda batches: _stage_files(batches, uri), from_arrow_schema(staged_schema))
+    return listing.mapInArrow(lambda batches: _stage_files(batches, uri), from_arrow_schema(_STAGED_SCHEMA))
 
 
-def _count_per_file(staged) -> list:
+def _count_per_file(staged) -> dict[int, tuple[int, int]]:
+    """(rows, rejected rows) of every file, by file order, from the summary rows."""
     from pyspark.sql import functions as F
 
-    return staged.groupBy(_ORDER).agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.col(_REASON).isNotNull().cast("long")).alias("rejected"),
-    ).collect()
+    summaries = staged.filter(F.col(_ROWS).isNotNull()).select(_ORDER, _ROWS, _REJECTED).collect()
+    return {r[_ORDER]: (r[_ROWS], r[_REJECTED]) for r in summaries}
 
 
 def _quarantine(staged, path: str) -> None:
@@ -180,36 +193,30 @@ def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    good = staged.filter(F.col(_REASON).isNull()).orderBy(_ORDER, SEQ_COLUMN, _ROW)
-    rows = _renumber_seq(good.toArrow().select([*table.schema.names, OP_COLUMN, SEQ_COLUMN]), 0)
-    written = table.write(rows).shards if rows.num_rows else ()
+    # Blocks are few (files x buckets): fetch them and order by file here.
+    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BLOCK).toArrow().sort_by(_ORDER)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    next_seq = 0
+    for chunk in _chunks(_decode_blocks(blocks.to_batches()), _write_chunk_rows(table)):
+        next_seq = _write_chunk(table, chunk, next_seq, counts)
     wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
     elapsed = time.monotonic() - started
-    return [ShardIngestStats(s.shard_id, s.upserts, s.deletes, wal_bytes.get(s.shard_id, 0), elapsed)
-            for s in written]
+    return [ShardIngestStats(s, u, d, wal_bytes.get(s, 0), elapsed) for s, (u, d) in sorted(counts.items())]
 
 
 def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
-    """Write the good rows from Spark tasks, one task per shard range (batch mode)."""
+    """Write the good rows from Spark tasks, one task per shard (batch mode)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    good = staged.filter(F.col(_REASON).isNull()).drop(_REASON, _RECORD, _FILE)
-    ordered = good.repartitionByRange(table.num_shards, _BUCKET) \
-        .sortWithinPartitions(_BUCKET, _ORDER, SEQ_COLUMN, _ROW)
+    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BUCKET, _BLOCK)
+    # Partition = bucket exactly: one shard per task, and no sampling job (a
+    # range partitioner sampled the data first and could pair two shards).
+    ordered = blocks.repartitionById(table.num_shards, _BUCKET).sortWithinPartitions(_ORDER)
     uri = table.uri
     rows = ordered.mapInArrow(lambda batches: _write_partition(batches, uri),
                               from_arrow_schema(_STATS_SCHEMA)).collect()
     return [ShardIngestStats(**row.asDict()) for row in rows]
-
-
-def _staged_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([
-        *[pa.field(f.name, f.type) for f in schema],
-        (OP_COLUMN, pa.string()), (SEQ_COLUMN, pa.int64()),
-        (_ORDER, pa.int32()), (_FILE, pa.string()), (_ROW, pa.int64()), (_BUCKET, pa.int32()),
-        (_REASON, pa.string()), (_RECORD, pa.string()),
-    ])
 
 
 # --------------------------------------------------------------- executor side
@@ -217,76 +224,91 @@ def _staged_schema(schema: pa.Schema) -> pa.Schema:
 def _stage_files(batches, uri: str):
     """Read, validate and route each listed file (runs in a Spark task)."""
     table = LsmTable.open(uri)
-    schema = _staged_schema(table.schema)
     for batch in batches:
         for order, name, path in zip(*(batch.column(i).to_pylist() for i in range(3))):
-            yield from _stage_one_file(table, schema, order, name, path)
+            yield _stage_one_file(table, order, name, path)
 
 
-def _stage_one_file(table: LsmTable, schema: pa.Schema, order: int, name: str, path: str):
+def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> pa.RecordBatch:
     try:
         raw, rejections = read_landing_file(path)
     except UnreadableFileError as exc:
-        yield _rejected_batch(schema, order, name, [Rejection(-1, str(exc))], None)
-        return
+        return _staged_batch(order, name, 0, [], [Rejection(-1, str(exc))], None)
     try:
         validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
     except ValueError as exc:  # e.g. a key column missing from the whole file
-        yield _rejected_batch(schema, order, name, [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
-        return
+        return _staged_batch(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
     # A JSON line that failed to parse was read as an empty row, which
     # validation rejects for its null key; the parse error explains it better.
     rejected = {r.row: r for r in validated.rejections}
     rejected.update({r.row: r for r in rejections})
-    kept_rows = np.setdiff1d(np.arange(raw.num_rows), np.fromiter(rejected, dtype=np.int64, count=len(rejected)))
-    good = validated.valid  # exactly the kept rows, in file order
-    if good.num_rows:
-        columns = {c: good[c] for c in [*table.schema.names, OP_COLUMN, SEQ_COLUMN]}
-        columns.update({
-            _ORDER: pa.array(np.full(good.num_rows, order, np.int32)),
-            _FILE: pa.array([name] * good.num_rows, pa.string()),
-            _ROW: pa.array(kept_rows, pa.int64()),
-            _BUCKET: pa.array(table.buckets(good.select(table.primary_key)), pa.int32()),
-            _REASON: pa.nulls(good.num_rows, pa.string()),
-            _RECORD: pa.nulls(good.num_rows, pa.string()),
-        })
-        yield from pa.Table.from_pydict(columns, schema=schema).combine_chunks().to_batches()
-    if rejected:
-        yield _rejected_batch(schema, order, name, sorted(rejected.values(), key=lambda r: r.row), raw)
+    good = validated.valid
+    return _staged_batch(order, name, good.num_rows, _blocks_by_bucket(table, good),
+                         sorted(rejected.values(), key=lambda r: r.row), raw)
 
 
-def _rejected_batch(schema: pa.Schema, order: int, name: str, rejections: list[Rejection],
-                    raw: pa.Table | None) -> pa.RecordBatch:
-    n = len(rejections)
-    records = [
-        json.dumps(raw.slice(r.row, 1).to_pylist()[0], default=str) if raw is not None and r.row >= 0 else None
-        for r in rejections
+def _blocks_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, bytes]]:
+    """Good rows (in file order) as one Arrow IPC stream per bucket, each sorted by ``_seq``.
+
+    The sort is stable, so rows with equal ``_seq`` keep their file order:
+    the write task lets the later of them win.
+    """
+    if not good.num_rows:
+        return []
+    buckets = table.buckets(good.select(table.primary_key))
+    keys = pa.table({_BUCKET: buckets, SEQ_COLUMN: good[SEQ_COLUMN]})
+    order = pc.sort_indices(keys, sort_keys=[(_BUCKET, "ascending"), (SEQ_COLUMN, "ascending")])
+    ordered, ordered_buckets = good.take(order), buckets[order.to_numpy()]
+    values, starts = np.unique(ordered_buckets, return_index=True)
+    ends = [*starts[1:], good.num_rows]
+    return [(int(b), _to_ipc(ordered.slice(start, end - start))) for b, start, end in zip(values, starts, ends)]
+
+
+def _staged_batch(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
+                  rejections: list[Rejection], raw: pa.Table | None) -> pa.RecordBatch:
+    """One file's staged rows: its summary, its blocks, its rejected rows."""
+    kinds = [
+        (1, {_FILE: [name], _ROWS: [good_rows + len(rejections)], _REJECTED: [len(rejections)]}),
+        (len(blocks), {_BUCKET: [b for b, _ in blocks], _BLOCK: [block for _, block in blocks]}),
+        (len(rejections), {_FILE: [name] * len(rejections), _ROW: [r.row for r in rejections],
+                           _REASON: [r.reason for r in rejections], _RECORD: _records(raw, rejections)}),
     ]
-    columns = {f.name: pa.nulls(n, f.type) for f in schema}
-    columns.update({
-        _ORDER: pa.array(np.full(n, order, np.int32)),
-        _FILE: pa.array([name] * n, pa.string()),
-        _ROW: pa.array([r.row for r in rejections], pa.int64()),
-        _REASON: pa.array([r.reason for r in rejections], pa.string()),
-        _RECORD: pa.array(records, pa.string()),
-    })
-    return pa.RecordBatch.from_pydict(columns, schema=schema)
+    columns = {f.name: [v for n, kind in kinds for v in kind.get(f.name, [None] * n)] for f in _STAGED_SCHEMA}
+    columns[_ORDER] = [order] * len(columns[_ORDER])
+    return pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
+
+
+def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
+    """Each rejected row as JSON; ``None`` when the whole file was unreadable."""
+    if raw is None or not rejections:
+        return [None] * len(rejections)
+    rows = raw.take(pa.array([r.row for r in rejections], pa.int64())).to_pylist()
+    return [json.dumps(row, default=str) for row in rows]
+
+
+def _to_ipc(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as writer:
+        writer.write_table(rows)
+    return sink.getvalue().to_pybytes()
+
+
+def _decode_blocks(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """The blocks of staged batches (a ``_BLOCK`` column), decoded, in order."""
+    for batch in batches:
+        for block in batch.column(_BLOCK):
+            yield pa.ipc.open_stream(block.as_buffer()).read_all()
 
 
 def _write_partition(batches, uri: str):
-    """Write one partition's rows (whole shards, in order) through shard writers."""
+    """Write one partition's blocks (one shard, in file order) through its shard writer."""
     table = LsmTable.open(uri)
-    columns = [*table.schema.names, OP_COLUMN, SEQ_COLUMN]
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     started = time.monotonic()
     next_seq = 0
     try:
-        for batch in batches:
-            rows = _renumber_seq(pa.Table.from_batches([batch]).select(columns), next_seq)
-            next_seq += rows.num_rows
-            for shard in table.write(rows).shards:
-                counts[shard.shard_id][0] += shard.upserts
-                counts[shard.shard_id][1] += shard.deletes
+        for chunk in _chunks(_decode_blocks(batches), _write_chunk_rows(table)):
+            next_seq = _write_chunk(table, chunk, next_seq, counts)
         wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
     finally:
         table.close()
@@ -295,6 +317,37 @@ def _write_partition(batches, uri: str):
         {"shard_id": s, "upserts": u, "deletes": d, "wal_bytes": wal_bytes.get(s, 0), "write_seconds": elapsed}
         for s, (u, d) in sorted(counts.items())
     ], schema=_STATS_SCHEMA)
+
+
+def _write_chunk_rows(table: LsmTable) -> int:
+    """Rows per write call: as many as a MemTable takes, since a put or delete
+    of more rows than ``max_memtable_rows`` is refused (never split)."""
+    return int(table.writer_config.get("max_memtable_rows", _LANCE_MAX_MEMTABLE_ROWS))
+
+
+def _write_chunk(table: LsmTable, chunk: pa.Table, next_seq: int, counts: dict[str, list[int]]) -> int:
+    """Write the stream's next rows (``_seq`` from ``next_seq`` on); add them to ``counts``; return the next ``_seq``."""
+    for shard in table.write_validated(_renumber_seq(chunk, next_seq)).shards:
+        counts[shard.shard_id][0] += shard.upserts
+        counts[shard.shard_id][1] += shard.deletes
+    return next_seq + chunk.num_rows
+
+
+def _chunks(tables: Iterable[pa.Table], rows_per_chunk: int) -> Iterator[pa.Table]:
+    """Re-cut consecutive tables into chunks of ``rows_per_chunk`` rows (the last may be smaller), in order."""
+    pending: list[pa.Table] = []
+    size = 0
+    for rows in tables:
+        while rows.num_rows:
+            taken = min(rows_per_chunk - size, rows.num_rows)
+            pending.append(rows.slice(0, taken))
+            size += taken
+            rows = rows.slice(taken)
+            if size == rows_per_chunk:
+                yield pa.concat_tables(pending)
+                pending, size = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
 
 
 def _renumber_seq(rows: pa.Table, start: int) -> pa.Table:

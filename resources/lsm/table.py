@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from . import compaction, merged_read
+from . import compaction, merged_read, vector_search
 from .changes import InvalidChangesError, resolve_changes, to_arrow, validate_changes
 from .compaction import CompactionResult, MaintenancePolicy
 from .compaction_marker import read_compacted_generations
 from .gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
 from .routing import ShardRouter, shard_ids_for
-from .schema import empty_tail, with_primary_key
+from .schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .shard_state import ShardState, load_shard_state
 from .storage import TableStorage
 from .wal_tail import read_wal_tail
@@ -67,11 +67,10 @@ class ShardWriteCount:
     deletes: int
 
 
-@dataclass(frozen=True)
-class WriteResult:
-    """What one ``write`` made durable, per shard, after newest-wins resolution."""
+class ShardTotals:
+    """Totals over a ``shards`` tuple of per-shard upsert/delete counts."""
 
-    shards: tuple[ShardWriteCount, ...]
+    shards: tuple
 
     @property
     def upserts(self) -> int:
@@ -80,6 +79,13 @@ class WriteResult:
     @property
     def deletes(self) -> int:
         return sum(s.deletes for s in self.shards)
+
+
+@dataclass(frozen=True)
+class WriteResult(ShardTotals):
+    """What one ``write`` made durable, per shard, after newest-wins resolution."""
+
+    shards: tuple[ShardWriteCount, ...]
 
     @property
     def rows(self) -> int:
@@ -117,6 +123,7 @@ class LsmTable:
     @classmethod
     def create(cls, uri: str, schema: pa.Schema, primary_key: list[str], num_shards: int = 4, *,
                bucket_column: str | None = None, storage_options: dict[str, str] | None = None,
+               vector_index: vector_search.VectorIndex | None = None, fts_column: str | None = None,
                **writer_config: Any) -> "LsmTable":
         """Create an empty LSM table.
 
@@ -125,12 +132,14 @@ class LsmTable:
         Lance's bucket sharding over ``bucket_column`` (default: the first key
         column, so all versions of a key share a shard). ``writer_config``
         (``max_wal_flush_interval_ms``, ``max_memtable_rows``, ...) is recorded
-        in the table and used by every writer.
+        in the table and used by every writer. ``vector_index`` declares an
+        IVF-PQ index for :meth:`search` and ``fts_column`` a full-text index;
+        see :mod:`resources.lsm.vector_search`.
 
         Raises
         ------
         ValueError
-            For an invalid key, shard count, bucket column or writer setting.
+            For an invalid key, shard count, bucket column, writer setting or index.
         OSError
             If a dataset already exists at ``uri``.
         """
@@ -143,16 +152,19 @@ class LsmTable:
         bucket_column = bucket_column or primary_key[0]
         if bucket_column not in primary_key:
             raise ValueError(f"bucket_column {bucket_column!r} must be a primary-key column")
+        vector_search.validate_search_indexes(keyed, vector_index, fts_column)
 
         uri = _absolute(uri)
         dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
         if len(primary_key) == 1:
             dataset.create_scalar_index(primary_key[0], "BTREE")
+        search_config = vector_search.create_search_indexes(dataset, vector_index, fts_column)
         dataset.initialize_mem_wal(bucket_column=bucket_column, num_buckets=num_shards,
                                    **{**DEFAULT_WRITER_CONFIG, **writer_config})
         dataset.update_config({
             _CONFIG_PRIMARY_KEY: json.dumps(primary_key),
             _CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
+            **search_config,
         })
         return cls.open(uri, storage_options=storage_options)
 
@@ -210,7 +222,29 @@ class LsmTable:
         validated = validate_changes(data, self.schema, self.primary_key)
         if validated.rejections:
             raise InvalidChangesError(validated.rejections, validated.valid.num_rows + len(validated.rejections))
-        resolved = resolve_changes(validated.valid, self.schema, self.primary_key)
+        return self.write_validated(validated.valid)
+
+    def write_validated(self, changes: pa.Table) -> WriteResult:
+        """:meth:`write` for rows that already passed ``validate_changes`` for this table.
+
+        Spark ingestion validates every row once, when staging a file; this
+        skips the second validation pass (a cast and null check per column).
+        ``changes`` must be ``ValidatedChanges.valid``-shaped: the table's
+        columns with its types, then ``_op`` (string) and ``_seq`` (int64).
+        Nothing else is checked, so a row that was never validated (a null
+        key, an unknown ``_op``) is written as it is.
+
+        Raises
+        ------
+        ValueError
+            If ``changes`` does not have exactly that schema.
+        WriterFencedError
+            As for :meth:`write`.
+        """
+        expected = [*((f.name, f.type) for f in self.schema), (OP_COLUMN, pa.string()), (SEQ_COLUMN, pa.int64())]
+        if [(f.name, f.type) for f in changes.schema] != expected:
+            raise ValueError(f"write_validated needs columns {expected}, got {changes.schema}")
+        resolved = resolve_changes(changes, self.schema, self.primary_key)
         upserts = self._router.split(resolved.upserts)
         deletes = self._router.split(resolved.deletes)
         shard_ids = sorted(set(upserts) | set(deletes))
@@ -338,6 +372,16 @@ class LsmTable:
             by any process). ``False`` reads flushed generations and the base only.
         """
         return merged_read.scan(self._snapshot(fresh), columns or self.schema.names, filter)
+
+    def search(self, vector, k: int, filter: str | None = None, columns: list[str] | None = None,
+               fresh: bool = True) -> pa.Table:
+        """The ``k`` nearest live rows to ``vector`` across all LSM levels, nearest first.
+
+        Each key appears at most once, with its newest version; ``columns``
+        (default: all) plus ``_distance``. ``filter`` is Lance SQL. Needs a
+        table created with ``vector_index``; see :func:`resources.lsm.vector_search.search`.
+        """
+        return vector_search.search(self._snapshot(fresh), vector, k, filter, columns)
 
     def lookup(self, keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.

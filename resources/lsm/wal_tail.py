@@ -42,17 +42,19 @@ def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) ->
 
 
 def read_wal_tail(storage: TableStorage, shard_id: str, after_position: int,
-                  schema: pa.Schema, primary_key: list[str]) -> pa.Table:
+                  schema: pa.Schema, primary_key: list[str], up_to_position: int | None = None) -> pa.Table:
     """The newest change per key among WAL entries after ``after_position``.
 
     Returns the table's columns plus ``_tombstone`` (True = deleted), one row
-    per key, or an empty table when the tail is empty.
+    per key, or an empty table when the tail is empty. ``up_to_position``
+    (inclusive) pins the tail to the entries a reader planned with, so
+    parallel readers of one snapshot see the same tail.
     """
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
     parts = []
     for entry in list_wal_entries(storage, shard_id):
-        if entry.position <= after_position:
+        if entry.position <= after_position or (up_to_position is not None and entry.position > up_to_position):
             continue
         metadata, rows = read_wal_entry(storage, shard_id, entry)
         epoch = int(metadata.get("writer_epoch", 0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -114,3 +115,31 @@ def test_ingest_job_runs_from_the_cli_with_env_defaults(locations):
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert _view(str(locations / "table.lance")) == replay(batches)
+
+
+def test_continuous_job_from_the_cli_stops_cleanly_on_interrupt(locations):
+    spec = ChangeStreamSpec(num_keys=200, num_batches=3, batch_size=100, seed=6)
+    batches = write_landing_files(spec, str(locations / "landing"))
+    config = locations / "run_config.yaml"
+    config.write_text("ops:\n  ingest_continuously:\n    config:\n      poll_seconds: 0.5\n")
+    env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
+    os.makedirs(env["DAGSTER_HOME"])
+    dagster = Path(sys.executable).with_name("dagster")
+    run = subprocess.Popen([str(dagster), "job", "execute", "-m", "definitions", "-j", "continuous_ingest_job",
+                            "-c", str(config)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    uri = str(locations / "table.lance")
+    deadline = time.monotonic() + 300
+    ledger = Path(uri) / "_lsm_ingest" / "files"
+    while len(list(ledger.glob("*.json"))) < 3:
+        if run.poll() is not None or time.monotonic() > deadline:
+            run.kill()
+            pytest.fail("continuous ingestion did not progress:\n" + run.communicate()[0][-4000:])
+        time.sleep(0.5)
+
+    run.send_signal(signal.SIGINT)  # what Ctrl-C (or terminating the run) delivers
+    output, _ = run.communicate(timeout=120)
+    assert "closed the shard writers" in output
+    assert _view(uri) == replay(batches)
+    shards = LsmTable.open(uri).shards()
+    assert all(s.unflushed_wal_entries == 0 for s in shards)

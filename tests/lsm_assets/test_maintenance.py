@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import lance
 import pyarrow as pa
-from dagster import DagsterRun, DagsterRunStatus, instance_for_test, materialize
+from dagster import Definitions, DagsterRun, DagsterRunStatus, instance_for_test, materialize
 
-from jobs import flush_job, merge_job
+from jobs import flush_job, merge_job, merge_shard_job
+from lsm_assets.checks import all_checks
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flushed_generations, garbage_collected, merged_base
 from resources.lsm import LsmTable
 from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
+from resources.gx_resource import GreatExpectationsResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import rows_by_key
+from tests.helpers import keys_in_bucket, rows_by_key, write_generation
 
 
 def _table_with_history(make_table) -> tuple[LsmTable, dict]:
@@ -86,3 +89,24 @@ def test_partitioned_assets_work_per_shard_and_flush_skips_live_writers(make_tab
         assert table.shards()[1].pending_generations == ()
         assert table.shards()[2].pending_generations != ()
     assert _view(table) == oracle
+
+
+def test_merge_shard_job_is_stopped_by_a_failed_blocking_check(make_table):
+    table = make_table(EVENTS_SCHEMA, num_shards=4)
+    write_generation(table, keys_in_bucket(table, 0, 5), "first")
+    table.compact()
+    write_generation(table, keys_in_bucket(table, 0, 5, start=500), "second")
+    lance.write_dataset(table.dataset().to_table().slice(0, 2), table.uri, mode="append")  # duplicate keys
+
+    defs = Definitions(assets=[flushed_generations, merged_base], asset_checks=all_checks, jobs=[merge_shard_job],
+                       resources={"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()})
+    with instance_for_test() as instance:
+        result = defs.resolve_job_def("merge_shard_job").execute_in_process(
+            partition_key="0", instance=instance, raise_on_error=False)
+    assert not result.success
+    failed = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+              and not e.event_specific_data.passed]
+    assert [f.check_name for f in failed] == ["base_primary_key_unique"]
+    assert not result.asset_materializations_for_node("merged_base")
+    shard = table.shards()[0]
+    assert shard.compacted_generation == 1 and len(shard.pending_generations) == 1  # the merge never ran

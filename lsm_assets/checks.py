@@ -1,0 +1,190 @@
+"""Data-quality checks: primary-key uniqueness, schema conformance, WAL-replay recovery.
+
+Which asset each check guards, and why:
+
+* ``ingested_changes`` — the merged view after an ingestion. Blocking: a run
+  that continues to ``flushed_generations`` / ``merged_base`` stops here.
+* ``flushed_generations`` — the base table and the shard state a merge will
+  read. Blocking: a failed check stops ``merged_base`` in the same run, so a
+  broken shard or a base with duplicate keys is never merged into.
+  Partitioned runs check only their shard's recovery state.
+* ``merged_base`` — probes on a scratch copy of the table (row-count
+  reconciliation, the SIGKILL recovery drill). Not blocking: they test the
+  write path, not the data a downstream asset would read.
+
+The checks are unpartitioned (the base table and the merged view are not per
+shard), so ``quality_job`` runs them all without a partition key.
+"""
+
+import secrets
+import tempfile
+from typing import Callable
+
+from dagster import (AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Config, MetadataValue,
+                     asset_check)
+from pydantic import Field
+
+from resources.gx_resource import GreatExpectationsResource, GxOutcome
+from resources.lsm import LsmTable
+from resources.lsm.reconciliation import probe_reconciliation
+from resources.lsm.recovery_checks import Severity, verify_shards
+from resources.lsm.recovery_drill import DrillConfig, run_drill
+from resources.lsm.schema import primary_key_of
+from resources.lsm.scratch import scratch_copy
+from resources.table_resource import LsmTableResource
+
+from .ingestion import ingested_changes
+from .maintenance import flushed_generations, merged_base
+
+
+def _key_check(lsm_table: LsmTableResource, frame_of: Callable, validate: Callable) -> AssetCheckResult:
+    """Validate the key columns of one level: ``validate(frame_of(table, key), key)``."""
+    table = lsm_table.open()
+    outcome: GxOutcome = validate(frame_of(table, table.primary_key), table.primary_key)
+    return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
+
+
+# ------------------------------------------------------------ merged view
+
+@asset_check(asset=ingested_changes, blocking=True, description=(
+    "Every primary key (single or composite) occurs exactly once in the merged view "
+    "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables."))
+def merged_view_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    return _key_check(lsm_table, gx.merged_view_frame, gx.keys_unique)
+
+
+@asset_check(asset=ingested_changes, blocking=True, description=(
+    "No primary-key column of the merged view holds a null (GX not-null expectation)."))
+def merged_view_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    return _key_check(lsm_table, gx.merged_view_frame, gx.keys_not_null)
+
+
+@asset_check(asset=ingested_changes, blocking=True, description=(
+    "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
+    "the merged view has the table's columns in order (GX); every pending generation and unflushed "
+    "WAL entry has the table's columns and types plus _tombstone."))
+def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    table = lsm_table.open()
+    problems = _key_problems(table)
+    columns = table.schema.names
+    outcome = gx.columns_match(gx.merged_view_frame(table, columns), columns)
+    levels = [f.message for s in verify_shards(table) for f in s.errors if "columns" in f.message]
+    return AssetCheckResult(passed=outcome.success and not problems and not levels, metadata={
+        **outcome.metadata(), "columns": MetadataValue.json(columns),
+        "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
+        "primary_key": MetadataValue.json(table.primary_key),
+        "key_problems": MetadataValue.json(problems), "level_problems": MetadataValue.json(levels)})
+
+
+def _key_problems(table: LsmTable) -> list[str]:
+    """How the base schema's key metadata differs from the key the table was created with."""
+    declared = primary_key_of(table.schema)
+    problems = [] if declared == table.primary_key else [
+        f"fields with primary-key metadata {declared} differ from the table's key {table.primary_key}"]
+    return problems + [f"key column {name!r} is nullable" for name in table.primary_key
+                       if table.schema.field(name).nullable]
+
+
+# ------------------------------------------------------ base + shard state
+
+@asset_check(asset=flushed_generations, blocking=True, description=(
+    "Every primary key occurs exactly once in the base table, before generations are merged into it "
+    "(GX; Spark reads the base fragments when the table is large)."))
+def base_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    return _key_check(lsm_table, gx.base_frame, gx.keys_unique)
+
+
+@asset_check(asset=flushed_generations, blocking=True, description=(
+    "No primary-key column of the base table holds a null (GX not-null expectation)."))
+def base_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    return _key_check(lsm_table, gx.base_frame, gx.keys_not_null)
+
+
+@asset_check(asset=flushed_generations, blocking=True, description=(
+    "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation above "
+    "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
+    "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."))
+def shards_recoverable(context: AssetCheckExecutionContext, lsm_table: LsmTableResource) -> AssetCheckResult:
+    table = lsm_table.open()
+    buckets = [int(context.partition_key)] if context.has_partition_key else None
+    shards = verify_shards(table, buckets)
+    findings = [f for s in shards for f in s.findings]
+    failed = any(f.severity is Severity.ERROR for f in findings)
+    return AssetCheckResult(
+        passed=not failed,
+        severity=AssetCheckSeverity.ERROR if failed else AssetCheckSeverity.WARN,
+        metadata={
+            "shards": len(shards),
+            "generations_verified": sum(s.generations_verified for s in shards),
+            "wal_entries_verified": sum(s.wal_entries_verified for s in shards),
+            "rows_to_replay": sum(s.wal_rows for s in shards),
+            "orphan_directories": sum(len(s.orphan_directories) for s in shards),
+            "findings": MetadataValue.json([
+                {"bucket": s.bucket, "check": f.check, "severity": f.severity.value, "message": f.message}
+                for s in shards for f in s.findings]),
+        })
+
+
+# --------------------------------------------------- probes on a scratch copy
+
+class ScratchConfig(Config):
+    scratch_dir: str | None = Field(default=None, description="Where to copy the table (default: a temp dir).")
+    seed: int | None = Field(default=None, description="Random seed (default: a fresh one, reported).")
+
+
+class DrillCheckConfig(ScratchConfig):
+    batches: int = Field(default=DrillConfig.batches, description="Change batches the killed writer is given.")
+    batch_size: int = Field(default=DrillConfig.batch_size, description="Keys per batch.")
+    batches_per_generation: int = Field(default=DrillConfig.batches_per_generation,
+                                        description="Batches between the writer's flushes.")
+
+
+@asset_check(asset=merged_base, description=(
+    "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
+    "when a generated change batch is ingested, and does not change when it is flushed and merged."))
+def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
+    seed = _seed(config.seed)
+    with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-reconcile-") as scratch:
+        steps = probe_reconciliation(scratch_copy(lsm_table.open(), f"{scratch}/table.lance"), seed=seed)
+    metadata = {"seed": seed}
+    for step in steps:
+        metadata.update({f"{step.step}_rows_before": step.rows_before, f"{step.step}_rows_after": step.rows_after,
+                         f"{step.step}_expected_change": step.expected_change,
+                         f"{step.step}_actual_change": step.actual_change})
+    return AssetCheckResult(passed=all(s.passed for s in steps), metadata=metadata)
+
+
+@asset_check(asset=merged_base, description=(
+    "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
+    "replayed, flushed and merged across at least three generations; every acknowledged change is present "
+    "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."))
+def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
+    drill = DrillConfig(batches=config.batches, batch_size=config.batch_size,
+                        batches_per_generation=config.batches_per_generation, seed=_seed(config.seed))
+    with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
+        report = run_drill(lsm_table.open(), scratch, drill)
+    return AssetCheckResult(passed=report.passed, metadata={
+        "seed": report.seed, "killed": report.killed, "killed_after_s": report.killed_after_seconds,
+        "batches_acknowledged": report.batches_acknowledged, "batches_total": report.batches_total,
+        "in_flight_batch": -1 if report.in_flight_batch is None else report.in_flight_batch,
+        "in_flight_keys_applied": report.in_flight_keys_applied, "rows_replayed": report.rows_replayed,
+        "generations_merged": report.generations_merged, "keys_verified": report.keys_verified,
+        "deleted_keys_verified": report.deleted_keys_verified,
+        "rows_before": report.rows_before, "rows_after": report.rows_after,
+        "verdict": "passed" if report.passed else "failed",
+        "findings_before_recovery": MetadataValue.json(list(report.findings_before_recovery)),
+        "violations": MetadataValue.json(list(report.violations[:50])),
+    })
+
+
+def _seed(seed: int | None) -> int:
+    return secrets.randbelow(2**31) if seed is None else seed
+
+
+all_checks = [merged_view_primary_key_unique, merged_view_primary_key_not_null, schema_conforms,
+              base_primary_key_unique, base_primary_key_not_null, shards_recoverable,
+              row_count_reconciles, recovery_drill]
+
+
+MERGE_GUARDS = [base_primary_key_unique, base_primary_key_not_null, shards_recoverable]
+"""Blocking checks that must pass before a merge into the base."""

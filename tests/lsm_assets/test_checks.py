@@ -1,0 +1,175 @@
+"""Asset checks on real tables: pass when healthy, fail (or block) when broken on purpose."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor, load_assets_from_modules
+
+import lsm_assets.ingestion
+import lsm_assets.maintenance
+from lsm_assets.checks import (all_checks, base_primary_key_not_null, base_primary_key_unique,
+                               merged_view_primary_key_not_null, merged_view_primary_key_unique,
+                               schema_conforms, shards_recoverable)
+from resources.gx_resource import GreatExpectationsResource
+from resources.lsm import LsmTable
+from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
+from resources.lsm.shard_manifest import shard_dir
+from resources.spark import lsm_pyspark_resource
+from resources.table_resource import LsmTableResource
+from tests.helpers import forge_null_key_wal_entry, keys_in_bucket
+
+ROOT = Path(__file__).resolve().parents[2]
+CHEAP_CHECKS = [merged_view_primary_key_unique, merged_view_primary_key_not_null, schema_conforms,
+                base_primary_key_unique, base_primary_key_not_null, shards_recoverable]
+
+
+def run(table: LsmTable, selection: AssetSelection, gx: GreatExpectationsResource | None = None,
+        partition_key: str | None = None):
+    """Execute ``selection`` against ``table`` in process; returns the run's result."""
+    job = define_asset_job("under_test", selection=selection, executor_def=in_process_executor)
+    defs = Definitions(assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
+                       asset_checks=all_checks, jobs=[job],
+                       resources={"lsm_table": LsmTableResource(uri=table.uri), "pyspark": lsm_pyspark_resource(),
+                                  "gx": gx or GreatExpectationsResource()})
+    run_config = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}} if partition_key else None
+    return defs.resolve_job_def("under_test").execute_in_process(raise_on_error=False, partition_key=partition_key,
+                                                                 run_config=run_config)
+
+
+def evaluations(table: LsmTable, checks, gx: GreatExpectationsResource | None = None) -> dict:
+    result = run(table, AssetSelection.checks(*checks), gx)
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def history(make_table, schema: pa.Schema = EVENTS_SCHEMA, primary_key=("id",)) -> LsmTable:
+    """Merged, pending and WAL-only changes, with deletes and re-inserts."""
+    table = make_table(schema, primary_key=primary_key)
+    batches = list(generate_changes(ChangeStreamSpec(num_keys=300, num_batches=3, batch_size=200, seed=5)))
+    for number, batch in enumerate(batches):
+        table.write(batch if "region" not in schema.names else batch.append_column("region", pa.array(
+            ["eu" if k % 2 else "us" for k in batch["id"].to_pylist()])))
+        if number < 2:
+            table.close()
+        if number == 0:
+            table.compact()
+    table._writers.clear()  # the last batch stays in the WAL of a crashed writer
+    return LsmTable.open(table.uri)
+
+
+def append_duplicates(table: LsmTable, rows: int = 3) -> list:
+    """Write base rows again, straight into the base table (bypassing the LSM path)."""
+    table.compact()
+    duplicates = table.dataset().to_table().slice(0, rows)
+    lance.write_dataset(duplicates, table.uri, mode="append")
+    return [[row[k] for k in table.primary_key] if len(table.primary_key) > 1 else row[table.primary_key[0]]
+            for row in duplicates.to_pylist()]
+
+
+def test_every_check_passes_on_a_healthy_table(make_table):
+    table = history(make_table)
+    results = evaluations(table, all_checks)
+    assert sorted(results) == sorted(spec.name for check in all_checks for spec in check.check_specs)
+    assert {name: e.passed for name, e in results.items()} == {name: True for name in results}
+    unique = results["merged_view_primary_key_unique"].metadata
+    assert unique["backend"].value == "pandas" and unique["gx_success_percent"].value == 100.0
+    assert unique["rows"].value == table.count()
+    drill = results["recovery_drill"].metadata
+    assert drill["killed"].value and drill["verdict"].value == "passed"
+    assert drill["generations_merged"].value >= 3 and drill["rows_replayed"].value > 0
+    assert results["row_count_reconciles"].metadata["merge_actual_change"].value == 0
+    assert results["shards_recoverable"].metadata["rows_to_replay"].value > 0
+
+
+def test_duplicate_keys_in_the_base_fail_the_base_uniqueness_check(make_table):
+    table = history(make_table)
+    keys = append_duplicates(table)
+    failed = evaluations(table, [base_primary_key_unique])["base_primary_key_unique"]
+    assert not failed.passed
+    assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
+    assert failed.metadata["gx_unsuccessful_expectations"].value == 1
+
+
+def test_composite_keys_are_checked_as_one_compound_key(make_table):
+    schema = EVENTS_SCHEMA.append(pa.field("region", pa.string()))
+    table = history(make_table, schema, primary_key=("id", "region"))
+    assert evaluations(table, [base_primary_key_unique])["base_primary_key_unique"].passed
+    keys = append_duplicates(table, rows=2)
+    failed = evaluations(table, [base_primary_key_unique])["base_primary_key_unique"]
+    assert not failed.passed
+    assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
+    assert "expect_compound_columns_to_be_unique:id,region" in failed.metadata["gx_results"].value
+
+
+def test_a_failed_blocking_check_stops_the_merge(make_table):
+    table = history(make_table)
+    append_duplicates(table)
+    table.write(pa.table({"id": keys_in_bucket(table, 0, 5, start=10**6), "customer": ["new"] * 5,
+                          "amount": [1.0] * 5, "status": ["new"] * 5}))
+    table.close()
+    marker = table.shards()[0].compacted_generation
+    assert table.shards()[0].pending_generations  # a merge would have work to do
+    selection = (AssetSelection.assets("flushed_generations", "merged_base").without_checks()
+                 | AssetSelection.checks(base_primary_key_unique))
+    result = run(table, selection, partition_key="0")
+    assert not result.success
+    assert [e.check_name for e in result.get_asset_check_evaluations()] == ["base_primary_key_unique"]
+    assert [m.asset_key.path for m in result.asset_materializations_for_node("flushed_generations")] == [
+        ["flushed_generations"]]
+    assert result.asset_materializations_for_node("merged_base") == []
+    assert table.shards()[0].compacted_generation == marker
+
+
+def test_a_deleted_generation_directory_fails_recovery(make_table):
+    table = history(make_table)
+    shard = next(s for s in table.shards() if s.pending_generations)
+    shutil.rmtree(f"{table.uri}/{shard_dir(shard.shard_id)}/{shard.pending_generations[0][1]}")
+    failed = evaluations(table, [shards_recoverable])["shards_recoverable"]
+    assert not failed.passed
+    (finding,) = failed.metadata["findings"].value
+    assert finding["bucket"] == shard.bucket and "does not open" in finding["message"]
+
+
+def test_a_null_key_fails_recovery_and_the_not_null_check(make_table):
+    table = make_table()
+    forge_null_key_wal_entry(table)
+    results = evaluations(table, [shards_recoverable, merged_view_primary_key_not_null])
+    assert not results["shards_recoverable"].passed
+    # Reading the merged view refuses the null key, so the not-null check cannot pass.
+    assert "merged_view_primary_key_not_null" not in results or not results[
+        "merged_view_primary_key_not_null"].passed
+
+
+def test_gx_not_null_names_the_offending_rows():
+    import pandas as pd
+
+    outcome = GreatExpectationsResource().keys_not_null(pd.DataFrame({"id": [1, None, 3]}), ["id"])
+    assert not outcome.success and outcome.expectations["expect_column_values_to_not_be_null:id"][
+        "unexpected_count"] == 1
+
+
+def test_large_tables_are_validated_on_spark(make_table, spark):
+    table = history(make_table)
+    keys = append_duplicates(table)
+    gx = GreatExpectationsResource(spark_row_threshold=0)
+    failed = evaluations(table, [base_primary_key_unique], gx)["base_primary_key_unique"]
+    assert not failed.passed and failed.metadata["backend"].value == "spark"
+    assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
+
+
+def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
+    dagster = Path(sys.executable).with_name("dagster")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+           "LSM_LANDING_DIR": str(tmp_path / "landing")}
+    result = subprocess.run([str(dagster), "job", "execute", "-m", "definitions", "-j", "quality_job"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert output.count("ASSET_CHECK_EVALUATION") == len(all_checks)
+    assert "RUN_SUCCESS" in output and (tmp_path / "table.lance").exists()

@@ -1,0 +1,82 @@
+"""``LsmTableIOManager`` loads the merged view into downstream assets by annotation."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+from dagster import MaterializeResult, asset, materialize
+from pyspark.sql import DataFrame as SparkDataFrame
+
+from resources.io_manager import LsmTableIOManager
+from resources.spark import LsmPySparkResource, spark_conf
+from tests.helpers import rows_by_key
+
+SEEN: dict[str, object] = {}
+
+
+@asset
+def items() -> MaterializeResult:
+    """Stands in for ingestion: the table was written through the engine already."""
+    return MaterializeResult(metadata={"written": True})
+
+
+@asset
+def as_arrow(items: pa.Table) -> None:
+    SEEN["arrow"] = items
+
+
+@asset
+def as_pandas(items: pd.DataFrame) -> None:
+    SEEN["pandas"] = items
+
+
+@asset(required_resource_keys={"pyspark"})
+def as_spark(items: SparkDataFrame) -> None:
+    SEEN["spark"] = items.toPandas()
+
+
+@pytest.fixture
+def table(make_table):
+    t = make_table()
+    t.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["a"] * 10, "price": [1.0] * 10}))
+    t.close()
+    t.write(pa.table({"id": pa.array([3, 11], pa.int64()), "name": ["wal", "wal"], "price": [2.0, 2.0]}))
+    t.write(pa.table({"id": pa.array([4], pa.int64()), "_op": ["delete"]}))
+    return t
+
+
+def row_count(result, asset_name: str) -> int:
+    events = [e for e in result.all_events if e.event_type_value == "LOADED_INPUT"
+              and e.step_key == asset_name]
+    return events[0].event_specific_data.metadata["row_count"].value
+
+
+def test_loads_the_fresh_merged_view_as_arrow_and_pandas(table):
+    result = materialize([items, as_arrow, as_pandas],
+                         resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+    assert result.success
+    expected = rows_by_key(table.read())
+    assert len(expected) == 10 and expected[(3,)]["name"] == "wal" and (4,) not in expected
+    assert rows_by_key(SEEN["arrow"]) == expected
+    assert rows_by_key(pa.Table.from_pandas(SEEN["pandas"], preserve_index=False)) == expected
+    assert row_count(result, "as_arrow") == row_count(result, "as_pandas") == 10
+
+
+def test_loads_a_spark_dataframe_through_the_lance_lsm_source(table, spark):
+    result = materialize([items, as_spark], resources={
+        "io_manager": LsmTableIOManager(uri=table.uri),
+        "pyspark": LsmPySparkResource(spark_config=spark_conf("local[2]")),
+    })
+    assert result.success
+    assert rows_by_key(pa.Table.from_pandas(SEEN["spark"], preserve_index=False)) == rows_by_key(table.read())
+    assert row_count(result, "as_spark") == 10
+
+
+def test_refuses_data_returned_by_an_asset(table):
+    @asset(name="returns_rows")
+    def returns_rows() -> pa.Table:
+        return pa.table({"id": [1]})
+
+    with pytest.raises(TypeError, match="write through LsmTable.write"):
+        materialize([returns_rows], resources={"io_manager": LsmTableIOManager(uri=table.uri)})
