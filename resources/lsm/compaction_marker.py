@@ -57,19 +57,27 @@ def read_compacted_generations(storage: TableStorage, version: int) -> dict[str,
     protowire.ProtobufDecodeError
         If the manifest is not a Lance manifest.
     """
-    data = _read_manifest_file(storage, version)
-    details = _mem_wal_index_details(data)
-    if details is None:
-        return {}
-    compacted: dict[str, int] = {}
-    for entry in details.messages(_DETAILS_COMPACTED):
+    details = read_mem_wal_index_details(storage, version)
+    return shard_generations(details.messages(_DETAILS_COMPACTED)) if details else {}
+
+
+def read_mem_wal_index_details(storage: TableStorage, version: int) -> protowire.Message | None:
+    """The decoded ``MemWalIndexDetails`` of the base table at ``version`` (``None``: no MemWAL)."""
+    return _mem_wal_index_details(_read_manifest_file(storage, version))
+
+
+def shard_generations(entries: list[protowire.Message]) -> dict[str, int]:
+    """Highest generation per shard in a list of ``(UUID shard_id = 1, uint64 generation = 2)``
+    entries, the shape of both ``CompactedSsTable`` and the index catch-up records."""
+    generations: dict[str, int] = {}
+    for entry in entries:
         shard_uuid = entry.message(_COMPACTED_SHARD_ID)
         raw = shard_uuid.bytes(_UUID_BYTES) if shard_uuid else None
         if raw is None or len(raw) != 16:
-            raise protowire.ProtobufDecodeError("compacted SSTable entry without a 16-byte shard UUID")
+            raise protowire.ProtobufDecodeError("shard generation entry without a 16-byte shard UUID")
         shard_id = str(uuid.UUID(bytes=raw))
-        compacted[shard_id] = max(compacted.get(shard_id, 0), entry.int(_COMPACTED_GENERATION))
-    return compacted
+        generations[shard_id] = max(generations.get(shard_id, 0), entry.int(_COMPACTED_GENERATION))
+    return generations
 
 
 def _read_manifest_file(storage: TableStorage, version: int) -> bytes:

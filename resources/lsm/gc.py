@@ -51,7 +51,6 @@ garbage that the next run collects.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Sequence
@@ -59,8 +58,7 @@ from typing import TYPE_CHECKING, Sequence
 import lance
 import pyarrow.fs as pafs
 
-from . import protowire
-from .compaction_marker import _mem_wal_index_details, _read_manifest_file, read_compacted_generations
+from .compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
 from .shard_manifest import (decode_shard_manifest, list_generation_dirs, list_wal_entries,
                              parse_position, read_shard_manifest, shard_dir)
 from .storage import TableStorage
@@ -78,9 +76,6 @@ DEFAULT_VERSION_RETENTION = timedelta(hours=1)
 _DETAILS_INDEX_CATCHUP = 10
 _CATCHUP_INDEX_NAME = 1
 _CATCHUP_GENERATIONS = 2
-_COMPACTED_SHARD_ID = 1
-_COMPACTED_GENERATION = 2
-_UUID_BYTES = 1
 
 
 @dataclass(frozen=True)
@@ -181,17 +176,12 @@ def _index_catchup(storage: TableStorage, version: int) -> dict[str, dict[str, i
     pylance does not expose this record; it sits next to the compacted marker
     in ``MemWalIndexDetails`` (see :mod:`compaction_marker`).
     """
-    details = _mem_wal_index_details(_read_manifest_file(storage, version))
+    details = read_mem_wal_index_details(storage, version)
     caught_up: dict[str, dict[str, int]] = {}
     for progress in details.messages(_DETAILS_INDEX_CATCHUP) if details else []:
         per_shard = caught_up.setdefault(progress.string(_CATCHUP_INDEX_NAME) or "", {})
-        for entry in progress.messages(_CATCHUP_GENERATIONS):
-            shard_uuid = entry.message(_COMPACTED_SHARD_ID)
-            raw = shard_uuid.bytes(_UUID_BYTES) if shard_uuid else None
-            if raw is None or len(raw) != 16:
-                raise protowire.ProtobufDecodeError("index catch-up entry without a 16-byte shard UUID")
-            shard_id = str(uuid.UUID(bytes=raw))
-            per_shard[shard_id] = max(per_shard.get(shard_id, 0), entry.int(_COMPACTED_GENERATION))
+        for shard_id, generation in shard_generations(progress.messages(_CATCHUP_GENERATIONS)).items():
+            per_shard[shard_id] = max(per_shard.get(shard_id, 0), generation)
     return caught_up
 
 

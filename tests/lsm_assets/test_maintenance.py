@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import lance
-import pyarrow as pa
 from dagster import Definitions, DagsterRun, DagsterRunStatus, instance_for_test, materialize
 
 from jobs import flush_job, merge_job, merge_shard_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterRun, DagsterRunStatus, SkipReason, build_sensor_context, instance_for_test
+from dagster import DagsterRun, DagsterRunStatus, build_sensor_context, instance_for_test
 
 from definitions import defs
 from jobs import flush_shard_job, merge_shard_job
