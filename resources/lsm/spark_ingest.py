@@ -2,9 +2,10 @@
 
 Pipeline (one call to :func:`ingest_landing_files`)::
 
-    file list ──mapInArrow(stage)──▶ per file: a summary row (row counts),      (persisted)
-        │                            one block per bucket (Arrow IPC of its good
-        │                            rows, sorted by _seq), one row per rejection
+    file positions ──mapInArrow(stage)──▶ per file: a summary row (row counts),
+        │                                 one block per bucket (Arrow IPC of its
+        │                                 good rows, sorted by _seq), one row per
+        │                                 rejection                     (persisted)
         ├─ rejected rows ──▶ quarantine (JSON Lines: file, row, reason, record)
         └─ blocks ──repartitionById(bucket)──sortWithinPartitions(file)
                   ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
@@ -12,12 +13,12 @@ Pipeline (one call to :func:`ingest_landing_files`)::
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.changes.validate_changes`); the bucket comes from
 Lance's hash (:meth:`LsmTable.buckets`). Spark moves and orders whole blocks,
-not rows: converting a million rows to Spark rows, caching, shuffling and
-sorting them and converting them back cost 3/4 of an ingestion, which Arrow
-blocks skip (see benchmarks/ingest.py). Partition ``b`` holds exactly bucket
-``b``, so one task writes each shard; that task writes through the shard
-writer it opens (claim + replay) and closes (flush) itself. The driver
-records a file in the ledger only after the write job succeeded.
+not rows: converting every row to a Spark row, caching, shuffling, sorting
+and converting it back made ingestion ~5x slower (see benchmarks/ingest.py).
+Partition ``b`` holds exactly bucket ``b``, so one task writes each shard;
+that task writes through the shard writer it opens (claim + replay) and
+closes (flush) itself. The driver records a file in the ledger only after
+the write job succeeded.
 """
 
 from __future__ import annotations
@@ -56,12 +57,6 @@ _STATS_SCHEMA = pa.schema([
     ("shard_id", pa.string()), ("upserts", pa.int64()), ("deletes", pa.int64()),
     ("wal_bytes", pa.int64()), ("write_seconds", pa.float64()),
 ])
-
-# Rows per ``write_validated`` call when the table does not record
-# ``max_memtable_rows``: Lance's default. A durable put waits for the WAL
-# flush (~60 ms measured, whatever its size), so the 10k-row calls we made
-# before left a shard waiting 2/3 of its time.
-_LANCE_MAX_MEMTABLE_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -164,11 +159,13 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
 def _stage(spark, table: LsmTable, files: list[LandingFile]):
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    listing = spark.createDataFrame([(f.order, f.name, f.path) for f in files],
-                                    f"{_ORDER} int, {_FILE} string, path string")
-    listing = listing.repartition(min(len(files), spark.sparkContext.defaultParallelism))
+    # Tasks get ranges of positions in the file list (shipped with the
+    # function): unlike a DataFrame of the list, that needs no shuffle stage.
+    listing = [(f.order, f.name, f.path) for f in files]
+    positions = spark.range(len(files), numPartitions=min(len(files), spark.sparkContext.defaultParallelism))
     uri = table.uri
-    return listing.mapInArrow(lambda batches: _stage_files(batches, uri), from_arrow_schema(_STAGED_SCHEMA))
+    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri),
+                                from_arrow_schema(_STAGED_SCHEMA))
 
 
 def _count_per_file(staged) -> dict[int, tuple[int, int]]:
@@ -197,7 +194,7 @@ def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
     blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BLOCK).toArrow().sort_by(_ORDER)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     next_seq = 0
-    for chunk in _chunks(_decode_blocks(blocks.to_batches()), _write_chunk_rows(table)):
+    for chunk in _chunks(_decode_blocks(blocks.to_batches()), table.max_rows_per_put):
         next_seq = _write_chunk(table, chunk, next_seq, counts)
     wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
     elapsed = time.monotonic() - started
@@ -221,12 +218,12 @@ def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
 
 # --------------------------------------------------------------- executor side
 
-def _stage_files(batches, uri: str):
-    """Read, validate and route each listed file (runs in a Spark task)."""
+def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str):
+    """Read, validate and route the listed files at the batches' positions (runs in a Spark task)."""
     table = LsmTable.open(uri)
     for batch in batches:
-        for order, name, path in zip(*(batch.column(i).to_pylist() for i in range(3))):
-            yield _stage_one_file(table, order, name, path)
+        for position in batch.column(0).to_pylist():
+            yield _stage_one_file(table, *listing[position])
 
 
 def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> pa.RecordBatch:
@@ -307,7 +304,7 @@ def _write_partition(batches, uri: str):
     started = time.monotonic()
     next_seq = 0
     try:
-        for chunk in _chunks(_decode_blocks(batches), _write_chunk_rows(table)):
+        for chunk in _chunks(_decode_blocks(batches), table.max_rows_per_put):
             next_seq = _write_chunk(table, chunk, next_seq, counts)
         wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
     finally:
@@ -317,12 +314,6 @@ def _write_partition(batches, uri: str):
         {"shard_id": s, "upserts": u, "deletes": d, "wal_bytes": wal_bytes.get(s, 0), "write_seconds": elapsed}
         for s, (u, d) in sorted(counts.items())
     ], schema=_STATS_SCHEMA)
-
-
-def _write_chunk_rows(table: LsmTable) -> int:
-    """Rows per write call: as many as a MemTable takes, since a put or delete
-    of more rows than ``max_memtable_rows`` is refused (never split)."""
-    return int(table.writer_config.get("max_memtable_rows", _LANCE_MAX_MEMTABLE_ROWS))
 
 
 def _write_chunk(table: LsmTable, chunk: pa.Table, next_seq: int, counts: dict[str, list[int]]) -> int:

@@ -99,3 +99,14 @@ def test_a_crashed_writers_wal_is_visible_and_flushed_by_the_next_writer(make_ta
     flushed = reopened.flush()
     assert flushed and all(s.unflushed_wal_entries == 0 for s in reopened.shards())
     assert sorted(_names(reopened, fresh=False)) == ["a", "b", "c"]
+
+
+def test_recorded_writer_settings_apply_and_large_writes_are_sliced_to_the_memtable_cap(make_table):
+    table = make_table(num_shards=1, max_memtable_rows=1000)
+    ids = list(range(2500))
+    result = table.write(pa.table({"id": ids, "name": [str(i) for i in ids], "price": [1.0] * len(ids)}))
+    assert result.shards[0].upserts == 2500 and table.count() == 2500
+    table.close()
+    # 1000-row MemTables (the recorded cap, not Lance's 100k default) -> 3 generations.
+    assert len(table.shards()[0].flushed_generations) == 3
+    assert sorted(table.read(columns=["id"], fresh=False)["id"].to_pylist()) == ids
