@@ -19,6 +19,15 @@ def test_dagster_definitions_validate(tmp_path):
     assert "Validation successful" in result.stdout + result.stderr
 
 
+def test_definitions_import_in_a_process_without_a_main_file():
+    """Run workers start like ``python -c`` (multiprocessing spawn). pyspark's
+    connect module exits such a process with code 0 when its optional
+    dependencies are missing, and GX imports it: the run would vanish."""
+    script = "import definitions, great_expectations.execution_engine; print('imported')"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip() == "imported", result.stderr
+
+
 def test_definitions_expose_the_documented_jobs():
     from definitions import defs
 

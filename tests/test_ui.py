@@ -30,6 +30,9 @@ LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $pa
   ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
   ... on RunConfigValidationInvalid { errors { message } } } }"""
 STATUS = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+FAILURES = """query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection { events { __typename
+  ... on ExecutionStepFailureEvent { stepKey error { message stack } }
+  ... on RunFailureEvent { message } } } } } }"""
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)")
 
@@ -45,6 +48,12 @@ def _graphql(port: int, query: str, variables: dict) -> dict:
                                      json.dumps({"query": query, "variables": variables}).encode(),
                                      {"Content-Type": "application/json"})
     return json.loads(urllib.request.urlopen(request, timeout=60).read())["data"]
+
+
+def _failures(port: int, run_id: str) -> str:
+    """The run's step and run failure messages, for the assertion message."""
+    events = _graphql(port, FAILURES, {"id": run_id})["runOrError"]["eventConnection"]["events"]
+    return "\n".join(json.dumps(e) for e in events if e["__typename"] != "Run" and len(e) > 1)
 
 
 def _wait_until_serving(port: int, server: subprocess.Popen, timeout: float = 180) -> None:
@@ -99,7 +108,7 @@ def test_demo_run_shows_its_materialization_and_metadata_in_the_ui(dagster_dev, 
     while time.monotonic() < deadline and status not in ("SUCCESS", "FAILURE", "CANCELED"):
         time.sleep(2)
         status = _graphql(port, STATUS, {"id": run_id})["runOrError"]["status"]
-    assert status == "SUCCESS"
+    assert status == "SUCCESS", _failures(port, run_id)
 
     page = f"http://127.0.0.1:{port}/assets/ingested_changes"
     dom = _chromium("--dump-dom", page, profile=tmp_path / "chrome")
