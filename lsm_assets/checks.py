@@ -168,6 +168,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         "batches_acknowledged": report.batches_acknowledged, "batches_total": report.batches_total,
         "in_flight_batch": -1 if report.in_flight_batch is None else report.in_flight_batch,
         "in_flight_keys_applied": report.in_flight_keys_applied, "rows_replayed": report.rows_replayed,
+        "batches_only_in_wal": report.batches_only_in_wal,
         "generations_merged": report.generations_merged, "keys_verified": report.keys_verified,
         "deleted_keys_verified": report.deleted_keys_verified,
         "rows_before": report.rows_before, "rows_after": report.rows_after,

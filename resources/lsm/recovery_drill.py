@@ -13,7 +13,8 @@ On a scratch copy of a table (the caller's directory), :func:`run_drill`:
    flushed (so the recovery flush makes a third);
 4. verifies the recovery state (:mod:`.recovery_checks`), reopens the shards,
    replays and flushes the WAL, merges every generation into the base;
-5. compares the merged view with the oracle.
+5. compares the merged view with the oracle, and checks that the batches
+   acknowledged since the child's last close were found in the WAL.
 
 What can be asserted: batches are written one after another, so the batches
 in the log are a prefix ``0..a-1`` and every one of them must be applied
@@ -77,6 +78,7 @@ class DrillReport:
     batches_total: int
     in_flight_batch: int | None
     in_flight_keys_applied: int
+    batches_only_in_wal: int
     rows_replayed: int
     generations_merged: int
     keys_verified: int
@@ -170,12 +172,18 @@ def _verdict(table: LsmTable, config: DrillConfig, before: State, batches: list[
             continue
         violations.append(f"key {key}: {actual} is neither {without.get(key)} nor {with_in_flight.get(key)}")
     _state(table, table.dataset().to_table(columns=list(table.primary_key)), violations, "base table")
+    # Batches acknowledged after the child's last close exist only in the WAL.
+    batches_in_wal = done % config.batches_per_generation if killed else 0
+    rows_replayed = sum(f.wal_rows for f in findings)
+    if rows_replayed < batches_in_wal * config.batch_size:
+        violations.append(f"{batches_in_wal} acknowledged batches were only in the WAL, "
+                          f"but recovery found {rows_replayed} rows to replay")
     if generations_merged < 3:
         violations.append(f"only {generations_merged} generations per shard were merged; the drill needs 3")
     return DrillReport(
         seed=config.seed, killed=killed, killed_after_seconds=round(elapsed, 3),
         batches_acknowledged=done, batches_total=len(batches), in_flight_batch=in_flight,
-        in_flight_keys_applied=applied, rows_replayed=sum(f.wal_rows for f in findings),
+        in_flight_keys_applied=applied, batches_only_in_wal=batches_in_wal, rows_replayed=rows_replayed,
         generations_merged=generations_merged, keys_verified=len(keys),
         deleted_keys_verified=sum(1 for k, v in without.items() if v is None and k not in after),
         rows_before=sum(1 for v in before.values() if v is not None), rows_after=view.num_rows,

@@ -82,7 +82,8 @@ def test_every_check_passes_on_a_healthy_table(make_table):
     assert unique["rows"].value == table.count()
     drill = results["recovery_drill"].metadata
     assert drill["killed"].value and drill["verdict"].value == "passed"
-    assert drill["generations_merged"].value >= 3 and drill["rows_replayed"].value > 0
+    assert drill["generations_merged"].value >= 3
+    assert drill["rows_replayed"].value > 0 or drill["batches_only_in_wal"].value == 0
     assert results["row_count_reconciles"].metadata["merge_actual_change"].value == 0
     assert results["shards_recoverable"].metadata["rows_to_replay"].value > 0
 

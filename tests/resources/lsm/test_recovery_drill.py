@@ -25,7 +25,8 @@ def test_the_drill_kills_a_writer_and_recovers_every_acknowledged_change(make_ta
     report = run_drill(table, str(tmp_path / "drill"), DrillConfig(seed=5))
     assert report.passed, report.violations
     assert report.killed and report.batches_acknowledged >= 2 * DrillConfig.batches_per_generation
-    assert report.generations_merged >= 3 and report.rows_replayed > 0 and report.deleted_keys_verified > 0
+    assert report.generations_merged >= 3 and report.deleted_keys_verified > 0
+    assert report.rows_replayed >= report.batches_only_in_wal * DrillConfig.batch_size
     assert report.findings_before_recovery == ()
     assert rows_by_key(table.read()) == rows_by_key(view)  # the drill wrote to a copy
 
