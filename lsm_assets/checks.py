@@ -67,13 +67,17 @@ def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) 
     table = lsm_table.open()
     problems = _key_problems(table)
     columns = table.schema.names
-    outcome = gx.columns_match(gx.merged_view_frame(table, columns), columns)
     levels = [f.message for s in verify_shards(table) for f in s.errors if "columns" in f.message]
-    return AssetCheckResult(passed=outcome.success and not problems and not levels, metadata={
-        **outcome.metadata(), "columns": MetadataValue.json(columns),
-        "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
-        "primary_key": MetadataValue.json(table.primary_key),
-        "key_problems": MetadataValue.json(problems), "level_problems": MetadataValue.json(levels)})
+    metadata = {"columns": MetadataValue.json(columns),
+                "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
+                "primary_key": MetadataValue.json(table.primary_key),
+                "key_problems": MetadataValue.json(problems), "level_problems": MetadataValue.json(levels)}
+    try:
+        outcome = gx.columns_match(gx.merged_view_frame(table, columns), columns)
+    except (ValueError, OSError) as error:  # a level that does not conform can make the view unreadable
+        return AssetCheckResult(passed=False, metadata={**metadata, "merged_view_error": str(error)})
+    return AssetCheckResult(passed=outcome.success and not problems and not levels,
+                            metadata={**outcome.metadata(), **metadata})
 
 
 def _key_problems(table: LsmTable) -> list[str]:

@@ -35,21 +35,26 @@ def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
     table.close()
 
 
-def forge_null_key_wal_entry(table: LsmTable, bucket: int = 0) -> None:
-    """Append a WAL entry with a null key to a shard, as only a forged write could (Lance refuses
-    null keys everywhere else); the shard's writer is left crashed so the entry is unflushed."""
+def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int = 0) -> None:
+    """Append a WAL entry holding ``columns`` (``_tombstone`` is added) to a shard, as only a forged
+    write could; the shard's writer is left crashed so the entry is unflushed. The entry carries
+    the writer metadata of a real one (epoch, generation)."""
     key = keys_in_bucket(table, bucket, 1)[0]
-    table.write(pa.table({"id": [key], "name": ["ok"], "price": [1.0]}))
+    table.write(pa.table({"id": [key]}))
     table._writers.clear()
     shard = table.shards()[bucket]
     entry = list_wal_entries(table._storage, shard.shard_id)[-1]
     _, rows = read_wal_entry(table._storage, shard.shard_id, entry)
-    schema = pa.schema([f.with_nullable(True) for f in rows.schema], metadata=rows.schema.metadata)
-    forged = pa.table({"id": pa.array([None], pa.int64()), "name": ["null"], "price": [0.0],
-                       "_tombstone": [False]}, schema=schema)
+    forged = pa.table({**columns, "_tombstone": pa.array([False] * len(next(iter(columns.values()))))})
+    forged = forged.replace_schema_metadata(rows.schema.metadata)
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, schema) as writer:
+    with ipc.new_stream(sink, forged.schema) as writer:
         writer.write_table(forged)
     path = f"{table.uri}/{shard_dir(shard.shard_id)}/wal/{position_name(entry.position + 1)}.arrow"
     with open(path, "wb") as out:
         out.write(sink.getvalue().to_pybytes())
+
+
+def forge_null_key_wal_entry(table: LsmTable, bucket: int = 0) -> None:
+    """A forged WAL entry with a null key (Lance refuses null keys everywhere else); items schema."""
+    forge_wal_entry(table, {"id": pa.array([None], pa.int64()), "name": ["null"], "price": [0.0]}, bucket)

@@ -214,8 +214,12 @@ def _generation_problem(storage: TableStorage, shard_id: str, path: str, physica
         return f"holds {rows} physical rows, the manifest records {physical_rows}"
     columns = [(f.name, f.type) for f in dataset.schema]
     if columns != expected:
-        return f"has columns {columns}, expected {expected}"
+        return f"has columns {_described(columns)}, expected {_described(expected)}"
     return None
+
+
+def _described(columns: list[tuple[str, pa.DataType]]) -> str:
+    return "(" + ", ".join(f"{name} {data_type}" for name, data_type in columns) + ")"
 
 
 def _verify_wal(storage: TableStorage, shard_id: str, manifest: ShardManifest | None,
@@ -242,8 +246,10 @@ def _verify_wal(storage: TableStorage, shard_id: str, manifest: ShardManifest | 
         if metadata.get("fence_sentinel") == "true":
             fence_epoch = max(fence_epoch, entry_epoch)
             continue
-        if batch.num_rows and [(f.name, f.type) for f in batch.schema] != expected.columns:
-            found.error("wal", f"WAL entry {entry.position} has columns {batch.schema}, expected {expected.columns}")
+        columns = [(f.name, f.type) for f in batch.schema]
+        if batch.num_rows and columns != expected.columns:
+            found.error("wal", f"WAL entry {entry.position} has columns {_described(columns)}, "
+                               f"expected {_described(expected.columns)}")
         null_keys = sum(batch[k].null_count for k in expected.primary_key if k in batch.column_names)
         if null_keys:
             found.error("wal", f"WAL entry {entry.position} holds {null_keys} null primary-key values")

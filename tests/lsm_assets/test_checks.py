@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,14 +17,14 @@ import lsm_assets.ingestion
 import lsm_assets.maintenance
 from lsm_assets.checks import (all_checks, base_primary_key_not_null, base_primary_key_unique,
                                merged_view_primary_key_not_null, merged_view_primary_key_unique,
-                               schema_conforms, shards_recoverable)
+                               row_count_reconciles, schema_conforms, shards_recoverable)
 from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
 from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.lsm.shard_manifest import shard_dir
 from resources.spark import lsm_pyspark_resource
 from resources.table_resource import LsmTableResource
-from tests.helpers import forge_null_key_wal_entry, keys_in_bucket
+from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP_CHECKS = [merged_view_primary_key_unique, merged_view_primary_key_not_null, schema_conforms,
@@ -31,20 +32,22 @@ CHEAP_CHECKS = [merged_view_primary_key_unique, merged_view_primary_key_not_null
 
 
 def run(table: LsmTable, selection: AssetSelection, gx: GreatExpectationsResource | None = None,
-        partition_key: str | None = None):
+        partition_key: str | None = None, run_config: dict | None = None):
     """Execute ``selection`` against ``table`` in process; returns the run's result."""
     job = define_asset_job("under_test", selection=selection, executor_def=in_process_executor)
     defs = Definitions(assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
                        asset_checks=all_checks, jobs=[job],
                        resources={"lsm_table": LsmTableResource(uri=table.uri), "pyspark": lsm_pyspark_resource(),
                                   "gx": gx or GreatExpectationsResource()})
-    run_config = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}} if partition_key else None
+    if partition_key:
+        run_config = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}}
     return defs.resolve_job_def("under_test").execute_in_process(raise_on_error=False, partition_key=partition_key,
                                                                  run_config=run_config)
 
 
-def evaluations(table: LsmTable, checks, gx: GreatExpectationsResource | None = None) -> dict:
-    result = run(table, AssetSelection.checks(*checks), gx)
+def evaluations(table: LsmTable, checks, gx: GreatExpectationsResource | None = None,
+                run_config: dict | None = None) -> dict:
+    result = run(table, AssetSelection.checks(*checks), gx, run_config=run_config)
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
@@ -95,6 +98,51 @@ def test_duplicate_keys_in_the_base_fail_the_base_uniqueness_check(make_table):
     assert not failed.passed
     assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
     assert failed.metadata["gx_unsuccessful_expectations"].value == 1
+
+
+def test_the_merged_view_hides_base_duplicates_that_the_base_check_catches(make_table):
+    # Lance's merged scan keeps one row per key even within the base, so the
+    # merged-view check cannot see a broken base: that is the base check's job.
+    table = history(make_table)
+    append_duplicates(table)
+    results = evaluations(table, [merged_view_primary_key_unique, base_primary_key_unique])
+    assert results["merged_view_primary_key_unique"].passed
+    assert not results["base_primary_key_unique"].passed
+
+
+def test_a_base_with_duplicate_keys_fails_row_count_reconciliation(make_table):
+    table = history(make_table)
+    append_duplicates(table, rows=60)  # a fifth of the keys, so the probe's batch touches some
+    config = {"ops": {"merged_base_row_count_reconciles": {"config": {"seed": 7}}}}
+    failed = evaluations(table, [row_count_reconciles], run_config=config)["row_count_reconciles"]
+    assert not failed.passed
+    changes = {step: (failed.metadata[f"{step}_expected_change"].value, failed.metadata[f"{step}_actual_change"].value)
+               for step in ("ingest", "flush", "merge")}
+    assert any(expected != actual for expected, actual in changes.values()), changes
+
+
+def test_a_wal_entry_with_other_column_types_fails_schema_conformance(make_table):
+    table = history(make_table)
+    forge_wal_entry(table, {"id": pa.array([10**6], pa.int64()), "customer": ["c"], "amount": ["1.5 EUR"],
+                            "status": ["new"]})
+    failed = evaluations(table, [schema_conforms])["schema_conforms"]
+    assert not failed.passed
+    (problem,) = failed.metadata["level_problems"].value
+    assert "amount string" in problem and "amount double" in problem
+    assert "1.5 EUR" in failed.metadata["merged_view_error"].value
+
+
+def test_a_recorded_key_that_differs_from_the_key_metadata_fails_schema_conformance(make_table):
+    # Lance refuses to change primary-key field metadata once set; the key the
+    # table records for routing and merging is ours to keep in line with it.
+    table = history(make_table)
+    assert evaluations(table, [schema_conforms])["schema_conforms"].passed
+    table.dataset().update_config({"lsm.primary_key": json.dumps(["id", "status"])})
+    failed = evaluations(table, [schema_conforms])["schema_conforms"]
+    assert not failed.passed
+    assert failed.metadata["key_problems"].value == [
+        "fields with primary-key metadata ['id'] differ from the table's key ['id', 'status']",
+        "key column 'status' is nullable"]
 
 
 def test_composite_keys_are_checked_as_one_compound_key(make_table):
