@@ -18,6 +18,7 @@ from lsm_assets.checks import MERGE_GUARDS
 from lsm_assets.ingestion import ingest_continuously
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flush_all_shards, merge_all_shards
+from lsm_assets.merge_guards import check_merge_guards
 
 ingest_job = define_asset_job(
     "ingest_job",
@@ -39,9 +40,10 @@ def flush_job():
     flush_all_shards()
 
 
-@job(description="Merge every shard's flushed generations into the base table.")
+@job(description="Merge every shard's flushed generations into the base table, after the blocking "
+                 "merge guards passed.")
 def merge_job():
-    merge_all_shards()
+    merge_all_shards(after=check_merge_guards())
 
 
 flush_shard_job = define_asset_job(
@@ -62,10 +64,11 @@ gc_job = define_asset_job(
 @job(tags=WRITER_TAGS, config={"ops": {"collect_table_garbage": {"config": {
     "orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}}}},
      description="End to end on the default table: generate a change stream, ingest it with Spark, "
-                 "flush, merge into the base, collect garbage, and summarize the merged view.")
+                 "flush, check the merge guards, merge into the base, collect garbage, and summarize "
+                 "the merged view.")
 def demo_job():
     ingested = ingest_landing(after=generate_landing_files())
-    merged = merge_all_shards(after=flush_all_shards(after=ingested))
+    merged = merge_all_shards(after=check_merge_guards(after=flush_all_shards(after=ingested)))
     summarize_table(after=collect_table_garbage(after=merged))
 
 

@@ -37,9 +37,8 @@ from .ingestion import ingested_changes
 from .maintenance import flushed_generations, merged_base
 
 
-def _key_check(lsm_table: LsmTableResource, frame_of: Callable, validate: Callable) -> AssetCheckResult:
+def _key_check(table: LsmTable, frame_of: Callable, validate: Callable) -> AssetCheckResult:
     """Validate the key columns of one level: ``validate(frame_of(table, key), key)``."""
-    table = lsm_table.open()
     outcome: GxOutcome = validate(frame_of(table, table.primary_key), table.primary_key)
     return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
 
@@ -50,13 +49,13 @@ def _key_check(lsm_table: LsmTableResource, frame_of: Callable, validate: Callab
     "Every primary key (single or composite) occurs exactly once in the merged view "
     "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables."))
 def merged_view_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table, gx.merged_view_frame, gx.keys_unique)
+    return _key_check(lsm_table.open(), gx.merged_view_frame, gx.keys_unique)
 
 
 @asset_check(asset=ingested_changes, blocking=True, description=(
     "No primary-key column of the merged view holds a null (GX not-null expectation)."))
 def merged_view_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table, gx.merged_view_frame, gx.keys_not_null)
+    return _key_check(lsm_table.open(), gx.merged_view_frame, gx.keys_not_null)
 
 
 @asset_check(asset=ingested_changes, blocking=True, description=(
@@ -95,13 +94,13 @@ def _key_problems(table: LsmTable) -> list[str]:
     "Every primary key occurs exactly once in the base table, before generations are merged into it "
     "(GX; Spark reads the base fragments when the table is large)."))
 def base_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table, gx.base_frame, gx.keys_unique)
+    return _key_check(lsm_table.open(), gx.base_frame, gx.keys_unique)
 
 
 @asset_check(asset=flushed_generations, blocking=True, description=(
     "No primary-key column of the base table holds a null (GX not-null expectation)."))
 def base_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table, gx.base_frame, gx.keys_not_null)
+    return _key_check(lsm_table.open(), gx.base_frame, gx.keys_not_null)
 
 
 @asset_check(asset=flushed_generations, blocking=True, description=(
@@ -109,8 +108,12 @@ def base_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectations
     "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
     "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."))
 def shards_recoverable(context: AssetCheckExecutionContext, lsm_table: LsmTableResource) -> AssetCheckResult:
-    table = lsm_table.open()
     buckets = [int(context.partition_key)] if context.has_partition_key else None
+    return _recoverable(lsm_table.open(), buckets)
+
+
+def _recoverable(table: LsmTable, buckets: list[int] | None = None) -> AssetCheckResult:
+    """The ``shards_recoverable`` result for ``buckets`` (all shards when ``None``)."""
     shards = verify_shards(table, buckets)
     findings = [f for s in shards for f in s.findings]
     failed = any(f.severity is Severity.ERROR for f in findings)
@@ -193,3 +196,10 @@ all_checks = [merged_view_primary_key_unique, merged_view_primary_key_not_null, 
 
 MERGE_GUARDS = [base_primary_key_unique, base_primary_key_not_null, shards_recoverable]
 """Blocking checks that must pass before a merge into the base."""
+
+
+def evaluate_merge_guards(table: LsmTable, gx: GreatExpectationsResource) -> dict[str, AssetCheckResult]:
+    """The :data:`MERGE_GUARDS` on every shard, outside an asset job (for the all-shard merge op)."""
+    return {"base_primary_key_unique": _key_check(table, gx.base_frame, gx.keys_unique),
+            "base_primary_key_not_null": _key_check(table, gx.base_frame, gx.keys_not_null),
+            "shards_recoverable": _recoverable(table)}

@@ -43,8 +43,10 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert flushed.success and _view(table) == oracle and _view(table, fresh=False) == oracle
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())
 
-    merged = merge_job.execute_in_process(resources=resources)
+    merged = merge_job.execute_in_process(resources={**resources, "gx": GreatExpectationsResource()})
     assert merged.success and _view(table) == oracle
+    guards = {e.check_name: e.passed for e in merged.get_asset_check_evaluations()}
+    assert guards == {"base_primary_key_unique": True, "base_primary_key_not_null": True, "shards_recoverable": True}
     events = [e.event_specific_data.materialization for e in merged.all_events
               if e.event_type_value == "ASSET_MATERIALIZATION"]
     assert sorted(m.partition for m in events) == ["0", "1", "2", "3"]
@@ -90,12 +92,37 @@ def test_partitioned_assets_work_per_shard_and_flush_skips_live_writers(make_tab
     assert _view(table) == oracle
 
 
-def test_merge_shard_job_is_stopped_by_a_failed_blocking_check(make_table):
+def _failed_checks(events) -> list[str]:
+    return [e.event_specific_data.check_name for e in events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed]
+
+
+def _base_with_duplicates_and_pending_work(make_table) -> LsmTable:
     table = make_table(EVENTS_SCHEMA, num_shards=4)
     write_generation(table, keys_in_bucket(table, 0, 5), "first")
     table.compact()
     write_generation(table, keys_in_bucket(table, 0, 5, start=500), "second")
     lance.write_dataset(table.dataset().to_table().slice(0, 2), table.uri, mode="append")  # duplicate keys
+    return table
+
+
+def test_merge_job_is_stopped_by_a_failed_merge_guard(make_table):
+    table = _base_with_duplicates_and_pending_work(make_table)
+    with instance_for_test() as instance:
+        result = merge_job.execute_in_process(
+            resources={"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()},
+            instance=instance, raise_on_error=False)
+        # Events a failed step logged are in the instance (the UI), not in the in-process result.
+        logged = [e.dagster_event for e in instance.all_logs(result.run_id) if e.dagster_event]
+    assert not result.success
+    assert _failed_checks(logged) == ["base_primary_key_unique"]
+    assert not result.asset_materializations_for_node("merge_all_shards")
+    shard = table.shards()[0]
+    assert shard.compacted_generation == 1 and len(shard.pending_generations) == 1  # the merge never ran
+
+
+def test_merge_shard_job_is_stopped_by_a_failed_blocking_check(make_table):
+    table = _base_with_duplicates_and_pending_work(make_table)
 
     defs = Definitions(assets=[flushed_generations, merged_base], asset_checks=all_checks, jobs=[merge_shard_job],
                        resources={"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()})
@@ -103,9 +130,7 @@ def test_merge_shard_job_is_stopped_by_a_failed_blocking_check(make_table):
         result = defs.resolve_job_def("merge_shard_job").execute_in_process(
             partition_key="0", instance=instance, raise_on_error=False)
     assert not result.success
-    failed = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
-              and not e.event_specific_data.passed]
-    assert [f.check_name for f in failed] == ["base_primary_key_unique"]
+    assert _failed_checks(result.all_events) == ["base_primary_key_unique"]
     assert not result.asset_materializations_for_node("merged_base")
     shard = table.shards()[0]
     assert shard.compacted_generation == 1 and len(shard.pending_generations) == 1  # the merge never ran
