@@ -199,8 +199,9 @@ def run_system(system: str, python: str, config: dict, workdir: Path) -> dict:
     print(f"[compare] {system} ...", flush=True)
     load_before = os.getloadavg()[0]
     with open(log_path, "w") as log:
+        # PYTHONPATH: the child, Spark's JVM and its Python workers import this checkout's engine.
         child = subprocess.Popen([python, str(SYSTEMS_SCRIPT), system, str(config_path)], stdout=log,
-                                 stderr=subprocess.STDOUT, cwd=REPO)
+                                 stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         sampler = PeakRss(child.pid)
         sampler.start()
         _, status, usage = os.wait4(child.pid, 0)
