@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import LsmPointLookupPlanner, LsmScanner, ShardSnapshot
 
-from .routing import ShardRouter
+from .pk_bloom import GenerationFilters
 from .schema import TOMBSTONE_COLUMN, without_internal_columns
 from .shard_state import ShardState
 
@@ -31,8 +31,10 @@ _ROW = "__lsm_row"
 class ReadSnapshot:
     """Everything one read sees, pinned before the read starts.
 
-    ``tail`` holds at most one row per key (with ``_tombstone``); empty when
-    the read is not fresh or nothing is pending in any WAL.
+    ``shards`` are the shards the read covers (all of them, except for a
+    lookup, which needs only the shards its keys route to). ``tail`` holds at
+    most one row per key of those shards (with ``_tombstone``); empty when the
+    read is not fresh or nothing is pending in their WALs.
     """
 
     dataset: lance.LanceDataset
@@ -46,13 +48,15 @@ class ReadSnapshot:
         ``LsmScanner`` does not skip generations already merged into the
         base table; including one would resurrect values older than the base.
         """
-        snapshots = []
-        for shard in self.shards:
-            snapshot = ShardSnapshot(shard.shard_id).with_current_generation(shard.current_generation)
-            for generation, directory in shard.pending_generations:
-                snapshot = snapshot.with_sstable(generation, directory)
-            snapshots.append(snapshot)
-        return snapshots
+        return [_shard_snapshot(shard, shard.pending_generations) for shard in self.shards]
+
+
+def _shard_snapshot(shard: ShardState, generations: tuple[tuple[int, str], ...]) -> ShardSnapshot:
+    """A Lance snapshot of ``shard`` listing ``generations`` (pending ones only, never merged ones)."""
+    snapshot = ShardSnapshot(shard.shard_id).with_current_generation(shard.current_generation)
+    for generation, directory in generations:
+        snapshot = snapshot.with_sstable(generation, directory)
+    return snapshot
 
 
 def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.Table:
@@ -66,44 +70,48 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
     return _overlay_tail(older, snapshot.tail, key, wanted, filter).select(columns)
 
 
-def lookup(snapshot: ReadSnapshot, keys: pa.Table, columns: list[str]) -> pa.Table:
-    """The merged-view row of each key in ``keys`` (absent keys are skipped)."""
+def lookup(snapshot: ReadSnapshot, keys: pa.Table, buckets: np.ndarray, columns: list[str],
+           filters: GenerationFilters) -> pa.Table:
+    """The merged-view row of each key in ``keys`` (absent keys are skipped).
+
+    ``buckets`` holds each key's bucket; ``snapshot`` must cover those shards.
+    A key's lookup plans over its own shard only, and only over the pending
+    generations that ``filters`` says may hold it.
+    """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    in_tail = key_join(keys, snapshot.tail.select(key), key, "left semi")
-    remaining = key_join(keys, in_tail, key, "left anti")
-    planners = _PlannerPerShard(snapshot)
-    found = [
-        without_internal_columns(planners.for_bucket(int(bucket)).plan_lookup(
-            _lookup_value(remaining.slice(i, 1)), wanted).to_table())
-        for i, bucket in enumerate(planners.router.buckets(remaining))
-    ]
-    live_tail = _live(key_join(snapshot.tail, in_tail, key, "left semi"))
+    shards = {s.bucket: s for s in snapshot.shards}
+    planners = _Planners(snapshot)
+    found = []
+    for i in np.flatnonzero(~key_mask(keys, snapshot.tail, key)):
+        one_key = keys.slice(int(i), 1)
+        shard = shards[int(buckets[i])]
+        generations = filters.candidates(shard, [one_key[k][0].as_py() for k in key])
+        plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
+        found.append(without_internal_columns(plan.to_table()))
+    live_tail = _live(key_join(snapshot.tail, keys, key, "left semi"))
     parts = [t.select(wanted) for t in found if t.num_rows] + [live_tail.select(wanted)]
     schema = pa.schema([snapshot.dataset.schema.field(c) for c in wanted])
     return pa.concat_tables([p.cast(schema) for p in parts]).select(columns)
 
 
-class _PlannerPerShard:
-    """Point-lookup planners over one shard's generations each.
+class _Planners:
+    """Point-lookup planners, each over one shard and a subset of its pending generations.
 
-    A key lives in exactly one shard, so its lookup needs only that shard's
-    generations: a planner over every shard's opens them all (about 4x slower
-    with 4 shards).
+    A key lives in exactly one shard, and a planner opens every generation it
+    is given on every lookup: the fewer it holds, the faster it answers.
     """
 
     def __init__(self, snapshot: ReadSnapshot) -> None:
         self._snapshot = snapshot
-        self._shard_snapshots = snapshot.shard_snapshots()
-        spec = snapshot.dataset.mem_wal_index_details()["sharding_specs"][0]
-        self.router = ShardRouter(spec, snapshot.dataset.lance_schema, tuple(s.shard_id for s in snapshot.shards))
-        self._planners: dict[int, LsmPointLookupPlanner] = {}
+        self._planners: dict[tuple[str, tuple], LsmPointLookupPlanner] = {}
 
-    def for_bucket(self, bucket: int) -> LsmPointLookupPlanner:
-        if bucket not in self._planners:
-            self._planners[bucket] = LsmPointLookupPlanner(
-                self._snapshot.dataset, [self._shard_snapshots[bucket]], list(self._snapshot.primary_key))
-        return self._planners[bucket]
+    def get(self, shard: ShardState, generations: tuple[tuple[int, str], ...]) -> LsmPointLookupPlanner:
+        cache_key = (shard.shard_id, generations)
+        if cache_key not in self._planners:
+            self._planners[cache_key] = LsmPointLookupPlanner(
+                self._snapshot.dataset, [_shard_snapshot(shard, generations)], list(self._snapshot.primary_key))
+        return self._planners[cache_key]
 
 
 def _overlay_tail(older: pa.Table, tail: pa.Table, key: list[str], wanted: list[str],
@@ -126,14 +134,26 @@ def _live(tail: pa.Table) -> pa.Table:
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
     """Rows of ``left`` whose key is (``"left semi"``) or is not (``"left anti"``) in ``right``.
 
-    Keeps ``left``'s row order. Only the key columns go through Acero's join,
-    which refuses payload columns such as fixed-size-list vectors.
+    Keeps ``left``'s row order.
     """
     if left.num_rows == 0 or right.num_rows == 0:
         return left if join_type == "left anti" else left.slice(0, 0)
-    numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
-    kept = numbered.join(right.select(key), keys=key, join_type=join_type, use_threads=False)[_ROW]
-    return left.take(np.sort(kept.to_numpy()))
+    in_right = key_mask(left, right, key)
+    return left.filter(in_right if join_type == "left semi" else ~in_right)
+
+
+def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
+    """For each row of ``left``, whether its key occurs in ``right`` (a boolean array).
+
+    Only the key columns go through Acero's join, which refuses payload
+    columns such as fixed-size-list vectors.
+    """
+    mask = np.zeros(left.num_rows, dtype=bool)
+    if left.num_rows and right.num_rows:
+        numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+        mask[numbered.join(right.select(key), keys=key, join_type="left semi", use_threads=False)[_ROW]
+             .to_numpy()] = True
+    return mask
 
 
 def _filter_sql(table: pa.Table, filter: str) -> pa.Table:

@@ -25,6 +25,7 @@ from .changes import InvalidChangesError, resolve_changes, to_arrow, validate_ch
 from .compaction import CompactionResult, MaintenancePolicy
 from .compaction_marker import read_compacted_generations
 from .gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
+from .pk_bloom import GenerationFilters
 from .routing import ShardRouter, shard_ids_for
 from .schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .shard_state import ShardState, load_shard_state
@@ -122,6 +123,8 @@ class LsmTable:
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema,
                                    tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
+        self._generation_filters = GenerationFilters(
+            uri, self._storage, [self.schema.field(k) for k in self.primary_key], storage_options)
 
     # ------------------------------------------------------------------ set-up
 
@@ -402,10 +405,16 @@ class LsmTable:
         """Point lookup by primary key; keys not present are left out.
 
         ``keys`` is a list of values (single-column key), of tuples or dicts
-        (any key), or a table with the key columns.
+        (any key), or a table with the key columns. Returns the merged-view
+        row of each key found (``fresh`` as for :meth:`read`). A key is read
+        from its own shard only, and of that shard's generations only from
+        those whose bloom filter may hold it (see :mod:`resources.lsm.pk_bloom`).
         """
-        return merged_read.lookup(self._snapshot(fresh), self._key_table(keys),
-                                  columns or self.schema.names)
+        key_table = self._key_table(keys)
+        buckets = self._router.buckets(key_table)
+        snapshot = self._snapshot(fresh, {self.shard_ids[b] for b in np.unique(buckets)})
+        return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names,
+                                  self._generation_filters)
 
     def count(self, fresh: bool = True) -> int:
         """Number of live keys in the merged view."""
@@ -418,11 +427,12 @@ class LsmTable:
 
     # ----------------------------------------------------------------- helpers
 
-    def _snapshot(self, fresh: bool) -> merged_read.ReadSnapshot:
+    def _snapshot(self, fresh: bool, shard_ids: set[str] | None = None) -> merged_read.ReadSnapshot:
+        """What a read of ``shard_ids`` (default: all shards) sees, pinned now."""
         # Pin the base version first: generations compacted after it are still
         # listed by the shard manifests we read next, so nothing falls between.
         dataset = self.dataset()
-        states = self._shard_states(read_compacted_generations(self._storage, dataset.version))
+        states = self._shard_states(read_compacted_generations(self._storage, dataset.version), shard_ids)
         tails = [
             read_wal_tail(self._storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
             for s in states if fresh and s.unflushed_wal_entries
@@ -430,10 +440,11 @@ class LsmTable:
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
         return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key))
 
-    def _shard_states(self, compacted: dict[str, int]) -> list[ShardState]:
+    def _shard_states(self, compacted: dict[str, int], shard_ids: set[str] | None = None) -> list[ShardState]:
         return [
             load_shard_state(self._storage, shard_id, bucket, compacted.get(shard_id, 0))
             for bucket, shard_id in enumerate(self.shard_ids)
+            if shard_ids is None or shard_id in shard_ids
         ]
 
     def _key_table(self, keys) -> pa.Table:
