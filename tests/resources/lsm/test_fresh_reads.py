@@ -67,3 +67,18 @@ def test_rows_acknowledged_in_another_process_are_read_fresh_and_survive_sigkill
     assert sum(s.unflushed_wal_entries for s in table.shards()) > 0, "still only in the WAL"
     table.flush()
     assert rows_by_key(table.read(fresh=False)) == fresh
+
+
+def test_base_commits_by_another_process_are_seen_by_a_reader_with_warm_caches(make_table):
+    table = make_table()
+    table.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["before"] * 10, "price": [1.0] * 10}))
+    table.close()
+    table.compact()
+    assert table.lookup([3])["name"].to_pylist() == ["before"]  # base index and metadata now cached
+
+    commit = ("import lance, pyarrow as pa, sys; ds = lance.dataset(sys.argv[1]); "
+              "ds.merge_insert('id').when_matched_update_all().execute("
+              "pa.table({'id': pa.array([3], pa.int64()), 'name': ['after'], 'price': [2.0]}).cast(ds.schema))")
+    subprocess.run([sys.executable, "-c", commit, table.uri], check=True)
+    assert table.lookup([3])["name"].to_pylist() == ["after"]
+    assert rows_by_key(table.read(fresh=False))[(3,)]["name"] == "after"
