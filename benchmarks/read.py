@@ -8,9 +8,13 @@ never flushed); this process polls ``LsmTable.lookup`` for the key from the
 moment it sends the command. Freshness = first poll that sees the row minus
 the writer's acknowledgement time (negative: visible before ``put`` returned).
 
-Scan and lookup latency: ``read()`` and a one-key ``lookup()`` of the merged
-view with 0, 2, 4 and 8 un-merged generations per shard (each rewriting 5% of
-the keys), medians over ``--repeat`` runs.
+Scan and lookup latency: ``read()`` (median of ``--repeat``) and one-key
+``lookup()`` calls of the merged view with 0, 2, 4 and 8 un-merged generations
+per shard (each rewriting 5% of the keys). Warm lookups: p50 / p99 over
+``--lookups`` random keys through one long-lived table object (its first
+lookups after new generations load their bloom filters, and count). Cold
+lookup: the first lookup of a freshly opened table (empty caches), median of
+``--repeat`` opens.
 
 Spark: reading every column of the merged view with the ``lance_lsm`` source
 against ``spark.read.parquet`` over an equal Parquet copy, both written to
@@ -74,7 +78,15 @@ def bench_freshness(root: Path, samples: int, num_shards: int) -> dict:
             "p99_ms": float(np.percentile(lags_ms, 99)), "max_ms": float(lags_ms.max())}
 
 
-def bench_generations(root: Path, num_keys: int, num_shards: int, repeat: int) -> dict:
+def cold_lookup_seconds(uri: str, key: int) -> float:
+    """The first ``lookup`` of a freshly opened table (the open itself not timed)."""
+    table = LsmTable.open(uri)
+    started = time.perf_counter()
+    table.lookup([key])
+    return time.perf_counter() - started
+
+
+def bench_generations(root: Path, num_keys: int, num_shards: int, repeat: int, lookups: int) -> dict:
     rng = np.random.default_rng(7)
     table = make_base(str(root / "gens.lance"), num_keys, num_shards, rng)
     results, generations = {}, 0
@@ -83,12 +95,15 @@ def bench_generations(root: Path, num_keys: int, num_shards: int, repeat: int) -
             table.write(rows_for(rng.choice(num_keys, num_keys // 20, replace=False), rng))
             table.close()
             generations += 1
-        keys = rng.integers(0, num_keys, repeat * 4)
-        lookups = [median_seconds(lambda k=k: table.lookup([int(k)]), 1) for k in keys]
+        keys = rng.integers(0, num_keys, lookups)
+        warm = [median_seconds(lambda k=k: table.lookup([int(k)]), 1) for k in keys]
+        cold = [cold_lookup_seconds(table.uri, int(k)) for k in keys[:repeat]]
         results[target] = {
             "scan_ms": median_seconds(table.read, repeat) * 1000,
-            "lookup_p50_ms": float(np.percentile(lookups, 50)) * 1000,
-            "lookup_p99_ms": float(np.percentile(lookups, 99)) * 1000,
+            "lookup_p50_ms": float(np.percentile(warm, 50)) * 1000,
+            "lookup_p99_ms": float(np.percentile(warm, 99)) * 1000,
+            "lookup_cold_ms": float(np.median(cold)) * 1000,
+            "lookups": lookups,
             "rows": table.count(),
         }
     return results
@@ -136,6 +151,7 @@ def markdown(results: dict) -> str:
         lines.append(f"| {count} generations: full scan (ms) | {r['scan_ms']:.1f} | |")
         lines.append(f"| {count} generations: lookup p50 / p99 (ms) | {r['lookup_p50_ms']:.1f} / "
                      f"{r['lookup_p99_ms']:.1f} | {target} (p50) |")
+        lines.append(f"| {count} generations: cold lookup (ms) | {r['lookup_cold_ms']:.1f} | |")
     lines += [
         f"| Spark lance_lsm (rows/s) | {spark['lance_lsm']['rows_per_s']:,.0f} | |",
         f"| Spark parquet copy (rows/s) | {spark['parquet']['rows_per_s']:,.0f} | |",
@@ -151,6 +167,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--repeat", type=int, help="repetitions per timing (default 5, quick 2)")
     parser.add_argument("--samples", type=int, help="freshness samples (default 200, quick 30)")
+    parser.add_argument("--lookups", type=int, help="warm lookups per generation count (default 200, quick 40)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--writer-child", metavar="URI", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,12 +177,13 @@ def main() -> None:
     num_keys = args.rows or (20_000 if args.quick else 500_000)
     repeat = args.repeat or (2 if args.quick else 5)
     samples = args.samples or (30 if args.quick else 200)
+    lookups = args.lookups or (40 if args.quick else 200)
     with tempfile.TemporaryDirectory(prefix="lsm-read-bench-") as tmp:
         root = Path(tmp)
         results = {
             "num_keys": num_keys, "num_shards": args.shards, "repeat": repeat,
             "freshness": bench_freshness(root, samples, args.shards),
-            "generations": bench_generations(root, num_keys, args.shards, repeat),
+            "generations": bench_generations(root, num_keys, args.shards, repeat, lookups),
             "spark": bench_spark(root, num_keys, args.shards, repeat),
         }
     table = markdown(results)
