@@ -144,8 +144,12 @@ class LsmTable:
         column, so all versions of a key share a shard). ``writer_config``
         (``max_wal_flush_interval_ms``, ``max_memtable_rows``, ...) is recorded
         in the table and used by every writer. ``vector_index`` declares an
-        IVF-PQ index for :meth:`search` and ``fts_column`` a full-text index;
-        see :mod:`resources.lsm.vector_search`.
+        IVF-PQ index for :meth:`search`. ``fts_column`` (a string column)
+        gets a full-text (``INVERTED``) index, kept in every generation and
+        caught up in the base by :meth:`compact`; full-text queries run on
+        the base only (``dataset().to_table(full_text_query=...)``: merged
+        rows, not generations or WAL), as pylance has no MemWAL text-search
+        planner. See :mod:`resources.lsm.vector_search`.
 
         Raises
         ------

@@ -9,6 +9,13 @@ and codebooks from, so once the base holds data :func:`train_vector_index`
 rebuilds it with the declared parameters (and again whenever the data has
 drifted).
 
+Full-text search is base-table only: pylance 14.0.2 has MemWAL planners for
+point lookups, scans and vector search but none for text, and ``LsmScanner``
+filters reject Lance's ``contains_tokens``. ``dataset().to_table(
+full_text_query=...)`` ranks merged rows only: it misses rows still in
+generations or the WAL, and may return rows a newer level updated or deleted.
+A merged (unindexed, unranked) text filter is ``read(filter="col LIKE '%word%'")``.
+
 :func:`search` levels, oldest to newest::
 
     base table  <  generations above the compacted markers  <  WAL tail
@@ -95,8 +102,10 @@ def create_search_indexes(dataset: lance.LanceDataset, vector_index: VectorIndex
                           fts_column: str | None) -> dict[str, str]:
     """Create validated indexes on a new (empty) base table.
 
-    Call before MemWAL is initialized. Returns the table-config entries that
-    record them, for :func:`search` and :func:`train_vector_index`.
+    Call before MemWAL is initialized, which then maintains them in every
+    flushed generation. ``fts_column`` gets an ``INVERTED`` index (Lance's
+    default tokenizer) named ``<column>_idx``. Returns the table-config
+    entries that record them, for :func:`search` and :func:`train_vector_index`.
     """
     config = {}
     if vector_index is not None:

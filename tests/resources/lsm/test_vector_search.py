@@ -1,7 +1,9 @@
-"""Vector search across LSM levels: recall against brute force, newest versions only."""
+"""Vector search across LSM levels (recall against brute force, newest versions only) and the
+full-text index declared at creation."""
 
 from __future__ import annotations
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -103,3 +105,46 @@ def test_create_validates_the_index_request(make_table):
         make_table(SCHEMA, name="bad2", vector_index=VectorIndex("embedding", num_sub_vectors=5))
     with pytest.raises(ValueError, match="no vector index"):
         make_table(SCHEMA, name="plain").search(np.zeros(DIM), k=1)
+
+
+TEXT_SCHEMA = events_schema(with_text=True)
+
+
+def text_rows(ids, description) -> pa.Table:
+    ids = list(ids)
+    return pa.table({"id": pa.array(ids, pa.int64()), "customer": ["c"] * len(ids), "amount": [1.0] * len(ids),
+                     "status": ["new"] * len(ids), "description": [description(i) for i in ids]})
+
+
+def inverted_indexes(dataset) -> list[list[str]]:
+    return [index["fields"] for index in dataset.list_indices() if index["type"] == "Inverted"]
+
+
+def test_full_text_index_is_created_kept_in_generations_and_caught_up_by_merges(make_table):
+    t = make_table(TEXT_SCHEMA, num_shards=2, fts_column="description")
+    assert inverted_indexes(t.dataset()) == [["description"]]
+
+    t.write(text_rows(range(200), lambda i: "a rare zebra order" if i == 42 else f"order {i} of apples"))
+    t.close()
+    for shard in t.shards():
+        for _, directory in shard.pending_generations:
+            generation = lance.dataset(f"{t.uri}/_mem_wal/{shard.shard_id}/{directory}")
+            assert inverted_indexes(generation) == [["description"]]
+
+    t.compact()
+    stats = t.dataset().stats.index_stats("description_idx")
+    assert (stats["num_indexed_rows"], stats["num_unindexed_rows"]) == (200, 0)
+    found = t.dataset().to_table(full_text_query="zebra", columns=["id", "description"])
+    assert found["id"].to_pylist() == [42]
+    assert t.dataset().to_table(full_text_query="apples", columns=["id"]).num_rows == 199
+
+    t.write(text_rows([7], lambda i: "now a zebra too"))  # only in the WAL
+    assert t.dataset().to_table(full_text_query="zebra", columns=["id"])["id"].to_pylist() == [42]
+    merged = t.read(columns=["id"], filter="description LIKE '%zebra%'")["id"].to_pylist()
+    assert sorted(merged) == [7, 42]
+
+
+def test_create_refuses_a_full_text_column_that_is_not_text(make_table):
+    for column in ("amount", "missing"):
+        with pytest.raises(ValueError, match="full-text column"):
+            make_table(TEXT_SCHEMA, name=f"bad_{column}", fts_column=column)
