@@ -8,7 +8,10 @@ planner can skip a generation whose filter rules the key out, but pylance
 generation and probes its index on every lookup (about 1.3 ms each). We
 check the filters here and give the planner only the generations that may
 hold the key. Its newest-wins answer is unchanged: a skipped generation has
-no row, live or deleted, for that key.
+no row, live or deleted, for that key. Every filter is 32 KiB in 14.0.2:
+measured, no false positives at 2.5k keys, but 60% at 90k keys (near the
+default 100k-row MemTable), so smaller MemTables (``max_memtable_rows``)
+make lookups cheaper.
 
 The key hash is Lance's ``compute_pk_hash``: Rust's ``DefaultHasher``
 (SipHash-1-3 with zero keys) fed, per key column, a null-flag byte and the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections import OrderedDict
 from typing import Sequence
 
@@ -89,12 +93,13 @@ class GenerationFilters:
         self._storage_options = storage_options
         self._key = [f.name for f in key_fields]
         self._types = [f.type for f in key_fields]
-        self.enabled = hashable_key_types(self._types)
+        self._enabled = hashable_key_types(self._types)
         self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
+        self._lock = threading.Lock()  # lookups may share a table object across threads
 
     def candidates(self, shard: ShardState, key: Sequence[int | str]) -> tuple[tuple[int, str], ...]:
         """The shard's pending generations that may hold ``key`` (all of them if unsure)."""
-        if not self.enabled:
+        if not self._enabled:
             return shard.pending_generations
         key_hash = pk_hash(key, self._types)
         return tuple(g for g in shard.pending_generations if self._may_hold(shard.shard_id, g[1], key_hash))
@@ -106,9 +111,10 @@ class GenerationFilters:
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""
         cache_key = (shard_id, directory)
-        if cache_key in self._filters:
-            self._filters.move_to_end(cache_key)
-            return self._filters[cache_key]
+        with self._lock:
+            if cache_key in self._filters:
+                self._filters.move_to_end(cache_key)
+                return self._filters[cache_key]
         path = f"{shard_dir(shard_id)}/{directory}"
         try:
             bloom = SplitBlockBloomFilter(self._storage.read_bytes(f"{path}/{BLOOM_FILTER_FILE}"))
@@ -118,9 +124,10 @@ class GenerationFilters:
             log.warning("bloom filter of %s does not admit its own keys; not used for pruning "
                         "(has Lance's key hash changed?)", self._storage.path(path))
             bloom = None
-        self._filters[cache_key] = bloom
-        if len(self._filters) > _CACHED_FILTERS:
-            self._filters.popitem(last=False)
+        with self._lock:
+            self._filters[cache_key] = bloom
+            if len(self._filters) > _CACHED_FILTERS:
+                self._filters.popitem(last=False)
         return bloom
 
     def _admits_own_keys(self, bloom: SplitBlockBloomFilter, path: str) -> bool:
