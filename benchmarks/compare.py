@@ -1,7 +1,7 @@
 """Benchmark one change-stream workload through this platform and the tools users would pick instead.
 
-    .venv/bin/python benchmarks/compare.py --scale small     # ~100k-row base, 20 batches of 5k
-    .venv/bin/python benchmarks/compare.py --scale medium    # ~1M-row base, 100 batches of 10k
+    .venv/bin/python benchmarks/compare.py --scale small     # ~100k-row base, 20 batches of 5k (~6 min)
+    .venv/bin/python benchmarks/compare.py --scale medium    # ~1M-row base, 100 batches of 10k (~25 min)
 
 The workload (``resources/lsm/changegen.py``): one ``ChangeStreamSpec`` history
 (``--update-ratio``, ``--delete-ratio``, ``--reinsert-ratio``; the rest inserts
@@ -101,7 +101,7 @@ PAIMON_WHY_OWN_VENV = (f"pypaimon {PAIMON_VERSION} requires pyarrow >=16,<20 (no
 
 SCALES = {
     "small": {"base_rows": 100_000, "batches": 20, "batch_size": 5_000, "probes": 10, "rounds": 3},
-    "medium": {"base_rows": 1_000_000, "batches": 100, "batch_size": 10_000, "probes": 20, "rounds": 1},
+    "medium": {"base_rows": 1_000_000, "batches": 100, "batch_size": 10_000, "probes": 20, "rounds": 3},
 }
 
 
