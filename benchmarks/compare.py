@@ -130,7 +130,10 @@ def make_workload(workdir: Path, args: argparse.Namespace) -> tuple[Workload, pa
     base = live_rows(replay(batches[:history]))
     pq.write_table(base, workdir / "base.parquet")
     landing = workdir / "landing"
+    shutil.rmtree(landing, ignore_errors=True)
     landing.mkdir()
+    # The files write_landing_files makes without malformed rows, for the stream only
+    # (it would write the history too, converting every batch to Python rows first).
     files = []
     for number, batch in enumerate(batches[history:]):
         files.append(str(landing / f"changes-{number:06d}.parquet"))
