@@ -56,8 +56,8 @@ from lance.mem_wal import CompactedSsTable
 
 from .compaction_marker import read_compacted_generations
 from .dedup import keep_last_per_key
+from .generations import generation_rows, open_generation
 from .schema import TOMBSTONE_COLUMN, empty_tail
-from .shard_manifest import shard_dir
 from .shard_state import ShardState, load_shard_state
 
 if TYPE_CHECKING:
@@ -276,13 +276,11 @@ def _read_pass(table: "LsmTable", shard_id: str, todo: Sequence[tuple[int, str]]
     parts: list[pa.Table] = []
     rows = 0
     for generation, directory in todo:
-        sstable = lance.dataset(_generation_uri(table, shard_id, directory),
-                                storage_options=table.storage_options)
+        sstable = open_generation(table.uri, shard_id, directory, table.storage_options)
         count = sstable.count_rows()
         if generations and rows + count > max_rows:
             break
-        # Physical order is write order, so "later row wins" holds within a generation.
-        parts.append(sstable.to_table(columns=columns.names, scan_in_order=True).cast(columns))
+        parts.append(generation_rows(sstable, columns))
         generations.append(generation)
         rows += count
     changes = keep_last_per_key(pa.concat_tables(parts), table.primary_key)
@@ -391,8 +389,3 @@ def _max_unindexed_rows(dataset: lance.LanceDataset) -> int:
 def _is_commit_conflict(exc: OSError) -> bool:
     message = str(exc).lower()
     return any(m.lower() in message for m in _CONFLICT_MESSAGES)
-
-
-def _generation_uri(table: "LsmTable", shard_id: str, directory: str) -> str:
-    return f"{table.uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
-

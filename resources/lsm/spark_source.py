@@ -67,9 +67,10 @@ from pyspark.sql.types import StructType
 
 from .compaction_marker import read_compacted_generations
 from .dedup import keep_last_per_key
+from .generations import generation_rows, open_generation
 from .merged_read import key_join
 from .schema import TOMBSTONE_COLUMN, empty_tail
-from .shard_manifest import list_wal_entries, shard_dir
+from .shard_manifest import list_wal_entries
 from .shard_state import ShardState, load_shard_state
 from .storage import TableStorage
 from .table import LsmTable
@@ -199,11 +200,8 @@ class LsmReader(DataSourceReader):
     def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
         """Newest change per key of one shard's pending generations and WAL tail (with ``_tombstone``)."""
         columns = empty_tail(self.table_schema).schema
-        parts = [
-            lance.dataset(f"{self.uri}/{shard_dir(pin.shard_id)}/{d}", storage_options=self.storage_options)
-            .to_table(columns=columns.names, scan_in_order=True).cast(columns)
-            for d in pin.generations
-        ]
+        parts = [generation_rows(open_generation(self.uri, pin.shard_id, d, self.storage_options), columns)
+                 for d in pin.generations]
         if pin.wal_up_to is not None:
             parts.append(read_wal_tail(storage, pin.shard_id, pin.wal_after, self.table_schema,
                                        self.primary_key, up_to_position=pin.wal_up_to))

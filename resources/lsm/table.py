@@ -450,7 +450,8 @@ class LsmTable:
             for s in states if fresh and s.unflushed_wal_entries
         ]
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
-        return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key))
+        return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
+                                        self.storage_options)
 
     def _shard_states(self, compacted: dict[str, int], shard_ids: set[str] | None = None) -> list[ShardState]:
         return [

@@ -100,14 +100,18 @@ def test_duplicate_keys_in_the_base_fail_the_base_uniqueness_check(make_table):
     assert failed.metadata["gx_unsuccessful_expectations"].value == 1
 
 
-def test_the_merged_view_hides_base_duplicates_that_the_base_check_catches(make_table):
-    # Lance's merged scan keeps one row per key even within the base, so the
-    # merged-view check cannot see a broken base: that is the base check's job.
+def test_base_duplicates_fail_the_merged_view_check_too(make_table):
+    # The merged view trusts the base to hold each key once, so a base broken
+    # from outside shows its duplicates to readers (of keys with no newer
+    # change: everything is merged first), and both checks fail.
     table = history(make_table)
-    append_duplicates(table)
+    table.flush()
+    keys = append_duplicates(table)
     results = evaluations(table, [merged_view_primary_key_unique, base_primary_key_unique])
-    assert results["merged_view_primary_key_unique"].passed
     assert not results["base_primary_key_unique"].passed
+    failed = results["merged_view_primary_key_unique"]
+    assert not failed.passed
+    assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
 
 
 def test_a_base_with_duplicate_keys_fails_row_count_reconciliation(make_table):

@@ -1,0 +1,36 @@
+"""Flushed generations (SSTables): where they live and how their rows are read.
+
+A generation is a Lance dataset in ``_mem_wal/<shard>/<directory>``, written
+by one MemTable flush. Callers pass only directories that the shard manifest
+lists (see :mod:`resources.lsm.shard_state`): a directory listing would also
+find orphans of failed or fenced flushes, which must never be read.
+"""
+
+from __future__ import annotations
+
+import lance
+import pyarrow as pa
+
+from .shard_manifest import shard_dir
+
+
+def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:
+    """The URI of one generation's Lance dataset."""
+    return f"{table_uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
+
+
+def open_generation(table_uri: str, shard_id: str, directory: str,
+                    storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
+    """One generation as a Lance dataset (immutable once the manifest lists it)."""
+    return lance.dataset(generation_uri(table_uri, shard_id, directory), storage_options=storage_options)
+
+
+def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Table:
+    """Every live row of ``generation`` in write order, cast to ``columns``.
+
+    Later rows are newer: the order of a generation's physical rows is the
+    order its changes were written (a flush hides a key's older versions
+    behind a deletion vector, which the scan honours). ``columns`` usually
+    includes ``_tombstone`` (``True`` marks a delete).
+    """
+    return generation.to_table(columns=columns.names, scan_in_order=True).cast(columns)
