@@ -94,22 +94,28 @@ def flush_all_shards(context: OpExecutionContext, config: FlushConfig) -> None:
 
 # ------------------------------------------------------------------------- merge
 
-def merge_shard(context, table: LsmTable, bucket: int, config: MergeConfig) -> dict:
-    """Merge one shard's pending generations into the base; return its metadata."""
-    result = table.compact(table.shard_ids[bucket], max_rows_per_pass=config.max_rows_per_pass)
-    shard = result.shards[0]
-    context.log.info(
-        f"shard {bucket}: merged generations {list(shard.generations_merged)} in {shard.passes} commits "
-        f"({shard.rows_upserted} upserted, {shard.rows_deleted} deleted); {shard.pending_generations} pending")
-    return _merge_metadata(shard)
+def merge_shards(context, table: LsmTable, shard: str | None, config: MergeConfig) -> dict[int, dict]:
+    """Merge one shard's (or every shard's) pending generations into the base; metadata by bucket.
+
+    One ``compact`` call: each commit carries every shard it merges, so the
+    base is joined against once per pass, not once per shard.
+    """
+    result = table.compact(shard, max_rows_per_pass=config.max_rows_per_pass)
+    for merged in result.shards:
+        context.log.info(
+            f"shard {table.shard_ids.index(merged.shard_id)}: merged generations {list(merged.generations_merged)} "
+            f"in {merged.passes} commits ({merged.rows_upserted} upserted, {merged.deletes_applied} deletes "
+            f"applied); {merged.pending_generations} pending")
+    context.log.info(f"{result.rows_deleted} base rows deleted in {result.elapsed_seconds:.2f}s")
+    return {table.shard_ids.index(merged.shard_id): _merge_metadata(merged) for merged in result.shards}
 
 
 def _merge_metadata(shard: ShardCompaction) -> dict:
-    rows = shard.rows_upserted + shard.rows_deleted
+    rows = shard.rows_upserted + shard.deletes_applied
     return {
         "generations_merged": len(shard.generations_merged),
         "rows_upserted": shard.rows_upserted,
-        "rows_deleted": shard.rows_deleted,
+        "deletes_applied": shard.deletes_applied,
         "rows_per_s": round(rows / shard.elapsed_seconds, 1) if shard.elapsed_seconds else 0.0,
         "commits": shard.passes,
         "conflicts": shard.conflicts,
@@ -126,13 +132,17 @@ def merged_base(context: AssetExecutionContext, config: MergeConfig,
                 lsm_table: LsmTableResource) -> MaterializeResult:
     """The base table with a shard's flushed generations merged in: newest wins, tombstones
     become deletes, data and the compacted marker in one commit (idempotent, crash-safe)."""
-    return MaterializeResult(metadata=merge_shard(context, lsm_table.open(), int(context.partition_key), config))
+    table = lsm_table.open()
+    bucket = int(context.partition_key)
+    return MaterializeResult(metadata=merge_shards(context, table, table.shard_ids[bucket], config)[bucket])
 
 
 @op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
 def merge_all_shards(context: OpExecutionContext, config: MergeConfig) -> None:
     """Merge every shard into the base, recorded per shard partition."""
-    _for_every_shard(context, merged_base.key, lambda table, bucket: merge_shard(context, table, bucket, config))
+    metadata = merge_shards(context, context.resources.lsm_table.open(), None, config)
+    for bucket, shard_metadata in sorted(metadata.items()):
+        context.log_event(AssetMaterialization(merged_base.key, partition=str(bucket), metadata=shard_metadata))
 
 
 # ---------------------------------------------------------------------------- gc

@@ -1,20 +1,23 @@
 """Merge flushed generations into the base table (LSM compaction).
 
-One pass over one shard, top to bottom:
+One pass over the shards being merged, top to bottom:
 
-1. Pin the latest base version and read the shard's compacted marker from
+1. Pin the latest base version and read every shard's compacted marker from
    that version's manifest.
-2. Take the generations the shard manifest listed *when the merge started*
-   above the marker, in ascending order, until ``max_rows_per_pass`` rows are
-   collected (always at least one generation). Directory listings are never
-   used, so orphan directories are never read, and generations flushed while
-   we merge wait for the next call.
+2. Per shard, take the generations the shard manifest listed *when the merge
+   started* above its marker, in ascending order, shard after shard, until
+   ``max_rows_per_pass`` rows are collected (always at least one generation).
+   Directory listings are never used, so orphan directories are never read,
+   and generations flushed while we merge wait for the next call.
 3. Resolve newest-wins per key: later generations win; within a generation
    the later row wins. (A flush hides older duplicates of a key behind a
    deletion vector, so a generation normally yields each key once; we do not
-   rely on it.) ``_tombstone`` rows become deletes.
-4. Commit everything with ONE ``merge_insert`` that also records the highest
-   merged generation as the shard's compacted marker.
+   rely on it.) ``_tombstone`` rows become deletes. A key lives in one shard,
+   so shards never compete for a key.
+4. Commit everything with ONE ``merge_insert`` that also records, for every
+   shard in the pass, its highest merged generation as its compacted marker.
+   Every commit joins against the whole base, so one commit for all shards
+   instead of one per shard divides that cost by the number of shards.
 
 Expressing upserts and deletes in one ``merge_insert`` (pylance 14.0.2): the
 source must have exactly the table's columns (an extra ``_tombstone`` column
@@ -26,8 +29,7 @@ never in the source, so its base row is exactly a "not matched by source"
 row the predicate selects. The price: a pass with deletes joins against the
 whole base table. Without deletes the merge hash-joins the source against
 a scan of the base rather than probing the key index per row (see
-``_INDEX_JOIN_MAX_FRACTION``): each shard's commit costs about one scan of
-the base.
+``_INDEX_JOIN_MAX_FRACTION``): each commit costs about one scan of the base.
 
 Safety:
 
@@ -35,18 +37,18 @@ Safety:
   the generations are merged, so a re-run finds nothing to do.
 * Lance refuses a marker that does not strictly increase ("Stale SSTable
   compaction"), even after rebasing onto a concurrent commit. Every pass
-  covers the contiguous generations right above the marker it read, so a
-  pass that does commit is never older than what the base already holds.
+  covers, per shard, the contiguous generations right above the marker it
+  read, so a pass that does commit is never older than what the base holds.
 * ``conflict_retries(0)``: Lance would otherwise re-execute a conflicting
   pass against the new base, re-applying generations a concurrent merge may
-  have covered already. Instead we re-read the marker and plan again from
-  it, so a merge that lost a race skips what the winner merged.
+  have covered already. Instead we re-read the markers and plan again from
+  them, so a merge that lost a race skips what the winner merged.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import lance
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_ROWS_PER_PASS = 1_000_000
 MAX_CONFLICTS_PER_SHARD = 8
-"""Commit conflicts one shard's merge tolerates (re-planning each time) before giving up."""
+"""Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
 
 # A merge either probes the primary-key BTREE once per source row or hash-joins
 # the source against a scan of the base. Measured with pylance 14.0.2 (1-3M base
@@ -113,14 +115,19 @@ class ShardCompaction:
     generations_merged
         Generations this call committed into the base, ascending.
     passes
-        Commits made (each bounded by ``max_rows_per_pass``).
-    rows_upserted, rows_deleted
-        Base rows inserted or updated, and base rows deleted.
+        Commits that merged some of the shard's generations (each bounded by
+        ``max_rows_per_pass``; a commit may carry other shards too).
+    rows_upserted
+        Base rows inserted or updated with the shard's rows.
+    deletes_applied
+        The shard's deletes (one per key) applied to the base; deleting a key
+        the base does not hold removes nothing (base rows actually removed:
+        :attr:`CompactionResult.rows_deleted`).
     conflicts
-        Commits lost to a concurrent commit; each was re-planned from the
-        marker the winner left, never re-applied.
+        Commits holding the shard that lost to a concurrent commit; each was
+        re-planned from the markers the winner left, never re-applied.
     base_version
-        Base version of this call's last commit (``None``: nothing committed).
+        Base version of the last commit holding the shard (``None``: none).
     compacted_generation
         The shard's marker after the call.
     pending_generations, oldest_pending_age_seconds
@@ -134,7 +141,7 @@ class ShardCompaction:
     generations_merged: tuple[int, ...]
     passes: int
     rows_upserted: int
-    rows_deleted: int
+    deletes_applied: int
     conflicts: int
     base_version: int | None
     compacted_generation: int
@@ -161,11 +168,16 @@ class BaseMaintenance:
 
 @dataclass(frozen=True)
 class CompactionResult:
-    """One :func:`compact` call: a result per shard plus base-table maintenance."""
+    """One :func:`compact` call: a result per shard plus base-table maintenance.
+
+    ``rows_deleted`` counts base rows the call's commits removed (deletes of
+    keys the base did not hold remove nothing).
+    """
 
     shards: tuple[ShardCompaction, ...]
     maintenance: BaseMaintenance | None
     elapsed_seconds: float
+    rows_deleted: int = 0
 
     @property
     def generations_merged(self) -> int:
@@ -175,24 +187,40 @@ class CompactionResult:
     def rows_upserted(self) -> int:
         return sum(s.rows_upserted for s in self.shards)
 
-    @property
-    def rows_deleted(self) -> int:
-        return sum(s.rows_deleted for s in self.shards)
-
 
 @dataclass(frozen=True)
-class _Pass:
+class _ShardPass:
     """The resolved changes of consecutive generations of one shard."""
 
+    shard_id: str
     generations: tuple[int, ...]
     upserts: pa.Table
     deletes: pa.Table
 
 
+@dataclass
+class _ShardTally:
+    """What the commits of one :func:`compact` call did to one shard so far."""
+
+    generations: list[int] = field(default_factory=list)
+    passes: int = 0
+    rows_upserted: int = 0
+    deletes_applied: int = 0
+    conflicts: int = 0
+    base_version: int | None = None
+
+    def committed(self, shard_pass: _ShardPass, version: int) -> None:
+        self.generations += shard_pass.generations
+        self.passes += 1
+        self.rows_upserted += shard_pass.upserts.num_rows
+        self.deletes_applied += shard_pass.deletes.num_rows
+        self.base_version = version
+
+
 def compact(table: "LsmTable", shard_ids: Sequence[str], *,
             max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
             maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
-    """Merge every generation pending at the start into the base, shard by shard.
+    """Merge every generation pending at the start into the base, all shards per commit.
 
     Guarantees: the merged view (``table.read()``) is the same before, during
     and after the call, and after a crash at any point; each generation is
@@ -204,7 +232,7 @@ def compact(table: "LsmTable", shard_ids: Sequence[str], *,
     ValueError
         For an unknown shard or a non-positive ``max_rows_per_pass``.
     OSError
-        If a shard keeps losing commit races (more than
+        If passes holding a shard keep losing commit races (more than
         ``MAX_CONFLICTS_PER_SHARD`` times), or on storage errors.
     """
     if max_rows_per_pass < 1:
@@ -215,44 +243,43 @@ def compact(table: "LsmTable", shard_ids: Sequence[str], *,
     started = time.monotonic()
     # Targets are fixed now: generations flushed during the call wait for the next one.
     targets = {s: _shard_state(table, s).pending_generations for s in shard_ids}
-    shards = tuple(compact_shard(table, s, targets[s], max_rows_per_pass) for s in shard_ids)
-    merged = any(s.passes for s in shards)
-    tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
-    return CompactionResult(shards, tidy, time.monotonic() - started)
-
-
-def compact_shard(table: "LsmTable", shard_id: str, targets: Sequence[tuple[int, str]],
-                  max_rows_per_pass: int) -> ShardCompaction:
-    """Merge the shard's ``targets`` (manifest entries, ascending) that are still
-    above its marker, in bounded passes."""
-    started = time.monotonic()
-    merged: list[int] = []
-    upserted = deleted = conflicts = passes = 0
-    version = None
+    tallies = {s: _ShardTally() for s in shard_ids}
+    rows_deleted = 0
     while True:
         base = table.dataset()
-        marker = read_compacted_generations(table._storage, base.version).get(shard_id, 0)
-        todo = [g for g in targets if g[0] > marker]
-        if not todo:
+        markers = read_compacted_generations(table._storage, base.version)
+        todo = {s: [g for g in targets[s] if g[0] > markers.get(s, 0)] for s in shard_ids}
+        passes = _read_passes(table, {s: t for s, t in todo.items() if t}, max_rows_per_pass)
+        if not passes:
             break
-        batch = _read_pass(table, shard_id, todo, max_rows_per_pass)
         try:
-            stats = _commit_pass(base, table.primary_key, shard_id, batch)
+            stats = _commit_passes(base, table.primary_key, passes)
         except OSError as exc:
-            if not _is_commit_conflict(exc) or conflicts >= MAX_CONFLICTS_PER_SHARD:
-                raise
-            conflicts += 1
+            _count_conflict(exc, [tallies[p.shard_id] for p in passes])
             continue
-        merged += batch.generations
-        upserted += stats["num_inserted_rows"] + stats["num_updated_rows"]
-        deleted += stats["num_deleted_rows"]
-        passes += 1
-        version = base.version  # merge_insert moves the dataset object to its commit
+        rows_deleted += stats["num_deleted_rows"]
+        for shard_pass in passes:  # merge_insert moved ``base`` to its commit
+            tallies[shard_pass.shard_id].committed(shard_pass, base.version)
+    shards = tuple(_shard_result(table, s, tallies[s], started) for s in shard_ids)
+    merged = any(s.passes for s in shards)
+    tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
+    return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
+
+
+def _count_conflict(exc: OSError, tallies: list[_ShardTally]) -> None:
+    """Record a lost commit on the shards it held; re-raise anything else, or too many losses."""
+    if not _is_commit_conflict(exc) or any(t.conflicts >= MAX_CONFLICTS_PER_SHARD for t in tallies):
+        raise exc
+    for tally in tallies:
+        tally.conflicts += 1
+
+
+def _shard_result(table: "LsmTable", shard_id: str, tally: _ShardTally, started: float) -> ShardCompaction:
     after = _shard_state(table, shard_id)
     return ShardCompaction(
-        shard_id=shard_id, generations_merged=tuple(merged), passes=passes,
-        rows_upserted=upserted, rows_deleted=deleted, conflicts=conflicts, base_version=version,
-        compacted_generation=after.compacted_generation,
+        shard_id=shard_id, generations_merged=tuple(tally.generations), passes=tally.passes,
+        rows_upserted=tally.rows_upserted, deletes_applied=tally.deletes_applied, conflicts=tally.conflicts,
+        base_version=tally.base_version, compacted_generation=after.compacted_generation,
         pending_generations=len(after.pending_generations),
         oldest_pending_age_seconds=(time.time_ns() - after.oldest_pending_mtime_ns) / 1e9
         if after.oldest_pending_mtime_ns is not None else None,
@@ -267,46 +294,62 @@ def _shard_state(table: "LsmTable", shard_id: str) -> ShardState:
                             compacted.get(shard_id, 0))
 
 
-def _read_pass(table: "LsmTable", shard_id: str, todo: Sequence[tuple[int, str]],
-               max_rows: int) -> _Pass:
-    """Read consecutive generations (at least one, at most ``max_rows`` rows unless
-    the first alone is larger) and resolve them to one change per key."""
+def _read_passes(table: "LsmTable", todo: dict[str, Sequence[tuple[int, str]]],
+                 max_rows: int) -> list[_ShardPass]:
+    """One commit's worth of generations: shard after shard, each from its marker up.
+
+    At most ``max_rows`` generation rows unless the first generation alone is
+    larger (a pass always makes progress). Each shard's changes are resolved
+    to one per key.
+    """
     columns = empty_tail(table.schema).schema
-    generations: list[int] = []
-    parts: list[pa.Table] = []
+    passes: list[_ShardPass] = []
     rows = 0
-    for generation, directory in todo:
-        sstable = open_generation(table.uri, shard_id, directory, table.storage_options)
-        count = sstable.count_rows()
-        if generations and rows + count > max_rows:
-            break
-        parts.append(generation_rows(sstable, columns))
-        generations.append(generation)
-        rows += count
-    changes = keep_last_per_key(pa.concat_tables(parts), table.primary_key)
+    for shard_id, generations in todo.items():
+        taken: list[int] = []
+        parts: list[pa.Table] = []
+        for generation, directory in generations:
+            sstable = open_generation(table.uri, shard_id, directory, table.storage_options)
+            count = sstable.count_rows()
+            if (passes or taken) and rows + count > max_rows:
+                break
+            parts.append(generation_rows(sstable, columns))
+            taken.append(generation)
+            rows += count
+        if taken:
+            passes.append(_resolve(shard_id, tuple(taken), pa.concat_tables(parts), table.primary_key))
+        if len(taken) < len(generations):
+            break  # the budget is spent: the rest waits for the next pass
+    return passes
+
+
+def _resolve(shard_id: str, generations: tuple[int, ...], rows: pa.Table, primary_key: list[str]) -> _ShardPass:
+    """Newest change per key of one shard's generations (``rows`` in ascending order)."""
+    changes = keep_last_per_key(rows, primary_key)
     dead = changes[TOMBSTONE_COLUMN]
-    return _Pass(
-        generations=tuple(generations),
+    return _ShardPass(
+        shard_id=shard_id, generations=generations,
         upserts=changes.filter(pc.invert(dead)).drop_columns([TOMBSTONE_COLUMN]),
-        deletes=changes.filter(dead).select(table.primary_key),
+        deletes=changes.filter(dead).select(primary_key),
     )
 
 
-def _commit_pass(base: lance.LanceDataset, primary_key: list[str], shard_id: str,
-                 batch: _Pass) -> dict:
-    """Apply one pass and advance the shard's marker to its last generation, atomically."""
+def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: list[_ShardPass]) -> dict:
+    """Apply the passes and advance each shard's marker to its last generation, atomically."""
+    upserts = pa.concat_tables([p.upserts for p in passes])
+    deletes = pa.concat_tables([p.deletes for p in passes])
     builder = (
         base.merge_insert(primary_key)
         .when_matched_update_all()
         .when_not_matched_insert_all()
         .conflict_retries(0)
-        .use_index(batch.upserts.num_rows < _INDEX_JOIN_MAX_FRACTION * base.count_rows())
+        .use_index(upserts.num_rows < _INDEX_JOIN_MAX_FRACTION * base.count_rows())
         # One entry per shard and commit: Lance refuses several for one shard.
-        .mark_sstables_as_compacted([CompactedSsTable(shard_id, batch.generations[-1])])
+        .mark_sstables_as_compacted([CompactedSsTable(p.shard_id, p.generations[-1]) for p in passes])
     )
-    if batch.deletes.num_rows:
-        builder = builder.when_not_matched_by_source_delete(key_in_predicate(batch.deletes, base.schema))
-    return builder.execute(batch.upserts)
+    if deletes.num_rows:
+        builder = builder.when_not_matched_by_source_delete(key_in_predicate(deletes, base.schema))
+    return builder.execute(upserts)
 
 
 def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:

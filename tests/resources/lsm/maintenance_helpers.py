@@ -8,7 +8,9 @@ a chosen point (a real process kill, nothing gets to clean up)::
     python -m tests.resources.lsm.maintenance_helpers URI compact after-commit N
     python -m tests.resources.lsm.maintenance_helpers URI gc after-delete N
 
-``N`` counts merge_insert commits (or GC directory deletions) from 1;
+``N`` counts merge_insert commits (or GC directory deletions) from 1; a
+compaction commits at most ``CRASH_PASS_ROWS`` generation rows at a time, so
+it makes several commits, some holding more than one shard;
 ``during-commit`` kills DELAY seconds after the N-th commit started, wherever
 it is by then (still writing, committing, or just done).
 """
@@ -36,6 +38,7 @@ from tests.helpers import rows_by_key
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 UNFLUSHED_BATCHES = 1
+CRASH_PASS_ROWS = 400
 
 
 def build_change_table(uri: str, *, num_shards: int = 3, num_batches: int = 6, batch_size: int = 500,
@@ -75,13 +78,30 @@ def assert_base_sane(uri: str) -> None:
     assert len(keys) == len(set(keys)), "duplicate keys in the base table"
 
 
+def _marker_history(table: LsmTable) -> list[dict[str, int]]:
+    return [read_compacted_generations(table._storage, v["version"]) for v in table.dataset().versions()]
+
+
 def marker_advances(table: LsmTable) -> dict[str, int]:
     """Per shard, how many base versions moved its compacted marker."""
-    history = [read_compacted_generations(table._storage, v["version"]) for v in table.dataset().versions()]
+    history = _marker_history(table)
     return {
         s: sum(1 for before, after in zip(history, history[1:]) if after.get(s, 0) != before.get(s, 0))
         for s in table.shard_ids
     }
+
+
+def merge_commits(table: LsmTable) -> int:
+    """How many base versions moved some shard's compacted marker (merge commits)."""
+    history = _marker_history(table)
+    return sum(1 for before, after in zip(history, history[1:]) if after != before)
+
+
+def markers_only_advance(table: LsmTable) -> bool:
+    """No base version moved a shard's compacted marker backwards (nothing merged twice)."""
+    history = _marker_history(table)
+    return all(after.get(s, 0) >= before.get(s, 0)
+               for before, after in zip(history, history[1:]) for s in table.shard_ids)
 
 
 def run_worker(uri: str, *args: object) -> int:
@@ -139,7 +159,7 @@ def main(argv: list[str]) -> None:
     table = LsmTable.open(uri)
     if step == "compact":
         _kill_at_commit(mode, nth, float(argv[4]) if len(argv) > 4 else 0.0)
-        table.compact()
+        table.compact(max_rows_per_pass=CRASH_PASS_ROWS)
     else:
         _kill_after_delete(nth)
         table.gc(orphan_grace_seconds=0, wal_grace_seconds=0, retain_versions=1, older_than=None)

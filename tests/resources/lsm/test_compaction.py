@@ -21,7 +21,8 @@ from resources.lsm.changegen import ChangeStreamSpec, generate_changes
 from resources.lsm.compaction_marker import read_compacted_generations
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance_helpers import (
-    assert_base_sane, assert_view, build_change_table, marker_advances, oracle_view, run_worker,
+    assert_base_sane, assert_view, build_change_table, marker_advances, markers_only_advance, merge_commits,
+    oracle_view, run_worker,
 )
 
 
@@ -51,7 +52,7 @@ def test_shard_by_shard_compaction_keeps_the_view_and_fills_the_base(tmp_path):
         assert_view(table, batches)
         assert_base_sane(table.uri)
 
-    assert sum(r.rows_deleted for r in results) > 0
+    assert sum(r.deletes_applied for r in results) > 0
     # Everything flushed is in the base; the WAL tail is still only in the WAL.
     assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches[:-1])
     assert rows_by_key(table.read(fresh=False)) == oracle_view(batches[:-1])
@@ -237,6 +238,22 @@ def test_compact_rejects_unknown_shards_and_empty_passes(make_table):
         table.compact(max_rows_per_pass=0)
 
 
+def test_one_commit_merges_every_shard(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    pending = _generations(table)
+
+    result = table.compact(maintenance=None)
+
+    assert merge_commits(table) == 1
+    assert {r.shard_id: (r.generations_merged, r.passes) for r in result.shards} == {
+        s: (g, 1) for s, g in pending.items()}
+    assert len({r.base_version for r in result.shards}) == 1
+    assert sum(r.deletes_applied for r in result.shards) > 0
+    assert result.rows_deleted == 0  # the base was empty: the deleted keys had not reached it
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches[:-1])
+    assert_view(table, batches)
+
+
 # ---------------------------------------------------------------- crash matrix
 
 @pytest.fixture(scope="module")
@@ -255,7 +272,8 @@ def _assert_recovers(uri: str, batches: list[pa.Table]) -> None:
     table.compact()
     assert_view(table, batches)
     assert_base_sane(uri)
-    assert marker_advances(table) == {s: 1 for s in table.shard_ids}
+    assert markers_only_advance(table)
+    assert all(s.compacted_generation == s.flushed_generations[-1][0] for s in table.shards())
     assert rows_by_key(lance.dataset(uri).to_table()) == oracle_view(batches[:-1])
 
 
@@ -267,7 +285,7 @@ def test_compaction_killed_before_or_after_a_commit(crash_template, tmp_path, mo
 
     assert run_worker(uri, "compact", mode, nth) == -signal.SIGKILL
     committed = nth - 1 if mode == "before-commit" else nth
-    assert sum(marker_advances(LsmTable.open(uri)).values()) == committed
+    assert merge_commits(LsmTable.open(uri)) == committed
     _assert_recovers(uri, batches)
 
 
@@ -280,5 +298,5 @@ def test_compactions_killed_at_random_moments_during_commits(crash_template, tmp
         table = LsmTable.open(uri)
         assert_view(table, batches)
         assert_base_sane(uri)
-        assert all(n <= 1 for n in marker_advances(table).values())
+        assert markers_only_advance(table)
     _assert_recovers(uri, batches)
