@@ -20,9 +20,14 @@ def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:
 
 
 def open_generation(table_uri: str, shard_id: str, directory: str,
-                    storage_options: dict[str, str] | None = None) -> lance.LanceDataset:
-    """One generation as a Lance dataset (immutable once the manifest lists it)."""
-    return lance.dataset(generation_uri(table_uri, shard_id, directory), storage_options=storage_options)
+                    storage_options: dict[str, str] | None = None,
+                    session: lance.Session | None = None) -> lance.LanceDataset:
+    """One generation as a Lance dataset (immutable once the manifest lists it).
+
+    A shared ``session`` caches its metadata across opens.
+    """
+    return lance.dataset(generation_uri(table_uri, shard_id, directory), storage_options=storage_options,
+                         session=session)
 
 
 def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Table:

@@ -22,6 +22,7 @@ the primary-key checks catch them.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ from .schema import TOMBSTONE_COLUMN, without_internal_columns
 from .shard_state import ShardState
 
 _ROW = "__lsm_row"
-_GENERATION_READERS = 8
-"""Generations read at once by a scan: opening one is mostly waiting on storage."""
+_READERS = 8
+"""Threads reading levels at once (opening a generation is mostly waiting on storage)."""
+_reader_pool: ThreadPoolExecutor | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class ReadSnapshot:
     tail: pa.Table
     primary_key: tuple[str, ...]
     storage_options: dict[str, str] | None = None
+    session: lance.Session | None = None
+    """Lance session to open generations through (their metadata is cached there)."""
 
     def shard_snapshots(self) -> list[ShardSnapshot]:
         """Lance snapshots listing only generations above each compacted marker.
@@ -84,12 +88,11 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lsm-base-scan") as pool:
-        # Both reads spend their time in Lance's native code, which releases the GIL.
-        base = pool.submit(snapshot.dataset.to_table, columns=wanted, filter=filter)
-        # The filter may name columns the caller did not ask for: read them all then.
-        newer = pending_changes(snapshot, snapshot.dataset.schema.names if filter else wanted)
-        older = key_join(base.result(), newer.select(key), key, "left anti")
+    # Both reads spend their time in Lance's native code, which releases the GIL.
+    base = _readers().submit(snapshot.dataset.to_table, columns=wanted, filter=filter)
+    # The filter may name columns the caller did not ask for: read them all then.
+    newer = pending_changes(snapshot, snapshot.dataset.schema.names if filter else wanted)
+    older = key_join(base.result(), newer.select(key), key, "left anti")
     live = _live(newer)
     if filter:
         live = _filter_sql(live, filter)
@@ -109,13 +112,29 @@ def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:
     generations = [(s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations]
 
     def read(generation: tuple[str, str]) -> pa.Table:
-        dataset = open_generation(snapshot.dataset.uri, *generation, snapshot.storage_options)
+        dataset = open_generation(snapshot.dataset.uri, *generation, snapshot.storage_options, snapshot.session)
         return generation_rows(dataset, shape)
 
-    with ThreadPoolExecutor(max_workers=_GENERATION_READERS, thread_name_prefix="lsm-gen-read") as pool:
-        parts = list(pool.map(read, generations))
+    parts = list(_readers().map(read, generations))
     levels = pa.concat_tables([shape.empty_table(), *parts, snapshot.tail.select(shape.names)])
     return keep_last_per_key(levels, list(snapshot.primary_key))
+
+
+def _readers() -> ThreadPoolExecutor:
+    """The process's level-reading threads, started on first use (starting threads per read costs ms)."""
+    global _reader_pool
+    if _reader_pool is None:
+        _reader_pool = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="lsm-level-read")
+    return _reader_pool
+
+
+def _forget_readers() -> None:
+    # A forked child inherits the pool but not its threads: it starts its own.
+    global _reader_pool
+    _reader_pool = None
+
+
+os.register_at_fork(after_in_child=_forget_readers)
 
 
 def lookup(snapshot: ReadSnapshot, keys: pa.Table, buckets: np.ndarray, columns: list[str],

@@ -451,7 +451,7 @@ class LsmTable:
         ]
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
         return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
-                                        self.storage_options)
+                                        self.storage_options, self._session)
 
     def _shard_states(self, compacted: dict[str, int], shard_ids: set[str] | None = None) -> list[ShardState]:
         return [
