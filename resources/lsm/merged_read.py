@@ -10,7 +10,7 @@ while the base is scanned in parallel; base rows whose key has a pending
 change are dropped, and the pending upserts are added. Lance's
 ``LsmScanner`` would do the same in one plan, but with pylance 14.0.2 it
 costs a pass over the whole base per pending generation (500k base rows, 4
-generations per shard: 5.3 s against 0.09 s here; ``benchmarks/maintenance.py``).
+generations per shard: 5.3 s against 0.06 s here; ``benchmarks/maintenance.py``).
 
 A point lookup (:func:`lookup`) uses ``LsmPointLookupPlanner`` per key over
 its shard's generations that may hold the key, then overlays the WAL tail.
