@@ -4,13 +4,15 @@ Levels, oldest to newest::
 
     base table  <  generations above each shard's compacted marker  <  WAL tail
 
-A full scan (:func:`scan`) reads the pending levels (small: compaction and
-backpressure keep them so) and resolves them to the newest change per key,
-while the base is scanned in parallel; base rows whose key has a pending
-change are dropped, and the pending upserts are added. Lance's
+A full scan (:func:`scan`) streams the base batches while it resolves the
+pending levels (small: compaction and backpressure keep them so) to the
+newest change per key; each base batch then loses the rows whose key has a
+pending change, on the reader threads, as it arrives, and the pending
+upserts are added. Resolved generations are kept between reads
+(:class:`PendingGenerations`): they never change once flushed. Lance's
 ``LsmScanner`` would do the same in one plan, but with pylance 14.0.2 it
 costs a pass over the whole base per pending generation (500k base rows, 4
-generations per shard: 5.3 s against 0.06 s here; ``benchmarks/maintenance.py``).
+generations per shard: 5.3 s against ~0.04 s here; ``benchmarks/maintenance.py``).
 
 A point lookup (:func:`lookup`) uses ``LsmPointLookupPlanner`` per key over
 its shard's generations that may hold the key, then overlays the WAL tail.
@@ -23,8 +25,11 @@ the primary-key checks catch them.
 from __future__ import annotations
 
 import os
+import queue
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import lance
@@ -43,6 +48,8 @@ _ROW = "__lsm_row"
 _READERS = 8
 """Threads reading levels at once (opening a generation is mostly waiting on storage)."""
 _reader_pool: ThreadPoolExecutor | None = None
+_BASE_BATCH_ROWS = 65_536
+"""Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class ReadSnapshot:
     storage_options: dict[str, str] | None = None
     session: lance.Session | None = None
     """Lance session to open generations through (their metadata is cached there)."""
+    pending_cache: "PendingGenerations | None" = None
+    """Where resolved pending generations are kept between reads (``None``: read them every time)."""
 
     def shard_snapshots(self) -> list[ShardSnapshot]:
         """Lance snapshots listing only generations above each compacted marker.
@@ -88,11 +97,10 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    # Both reads spend their time in Lance's native code, which releases the GIL.
-    base = _readers().submit(snapshot.dataset.to_table, columns=wanted, filter=filter)
+    base = _BaseBatches(snapshot.dataset, wanted, filter)
     # The filter may name columns the caller did not ask for: read them all then.
     newer = pending_changes(snapshot, snapshot.dataset.schema.names if filter else wanted)
-    older = key_join(base.result(), newer.select(key), key, "left anti")
+    older = base.without_keys(newer.select(key).combine_chunks(), key)
     live = _live(newer)
     if filter:
         live = _filter_sql(live, filter)
@@ -100,24 +108,95 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
         .select(columns)
 
 
+class _BaseBatches:
+    """The base scan, started on a reader thread at once and drained by :meth:`without_keys`."""
+
+    _END = object()
+
+    def __init__(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
+        self._schema = pa.schema([dataset.schema.field(c) for c in columns])
+        self._batches: queue.SimpleQueue = queue.SimpleQueue()
+        _readers().submit(self._pump, dataset, columns, filter)
+
+    def _pump(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
+        try:
+            for batch in dataset.to_batches(columns=columns, filter=filter, batch_size=_BASE_BATCH_ROWS):
+                self._batches.put(batch)
+            self._batches.put(self._END)
+        except BaseException as exc:  # handed to the reading thread, which raises it
+            self._batches.put(exc)
+
+    def without_keys(self, keys: pa.Table, key: list[str]) -> pa.Table:
+        """Every base row whose key is not in ``keys``, in scan order.
+
+        Batches are filtered on the reader threads while the scan goes on
+        (Arrow's kernels release the GIL).
+        """
+        parts: list[Future] = []
+        while (item := self._batches.get()) is not self._END:
+            if isinstance(item, BaseException):
+                raise item
+            parts.append(_readers().submit(_drop_keys, item, keys, key))
+        return pa.concat_tables([self._schema.empty_table(), *(p.result() for p in parts)])
+
+
+def _drop_keys(batch: pa.RecordBatch, keys: pa.Table, key: list[str]) -> pa.Table:
+    return key_join(pa.Table.from_batches([batch]), keys, key, "left anti")
+
+
 def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:
     """The newest pending change of every key above the base, with ``_tombstone``.
 
     Levels are the pending generations of each shard (ascending) and then the
-    WAL tail; ``columns`` must include the primary key. Generations are read
-    in parallel (each is a small Lance dataset).
+    WAL tail; ``columns`` must include the primary key.
     """
     shape = snapshot.tail.schema
     shape = pa.schema([shape.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
-    generations = [(s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations]
+    cache = snapshot.pending_cache or PendingGenerations(capacity=0)
+    generations = cache.resolved(snapshot, shape)
+    if not snapshot.tail.num_rows:
+        return generations
+    return keep_last_per_key(pa.concat_tables([generations, snapshot.tail.select(shape.names)]),
+                             list(snapshot.primary_key))
 
-    def read(generation: tuple[str, str]) -> pa.Table:
-        dataset = open_generation(snapshot.dataset.uri, *generation, snapshot.storage_options, snapshot.session)
-        return generation_rows(dataset, shape)
 
-    parts = list(_readers().map(read, generations))
-    levels = pa.concat_tables([shape.empty_table(), *parts, snapshot.tail.select(shape.names)])
-    return keep_last_per_key(levels, list(snapshot.primary_key))
+class PendingGenerations:
+    """The newest change per key over a table's pending generations, kept between reads.
+
+    A flushed generation never changes, so what one set of pending generations
+    resolves to stays true until a flush adds a generation or a merge removes
+    some, which changes the set (the cache key) itself. The pending levels are
+    small (backpressure bounds them); at most ``capacity`` of these results
+    (different sets or projections) are kept, the least recently used dropped.
+    Safe to share between threads.
+    """
+
+    def __init__(self, capacity: int = 4) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[tuple, pa.Table] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def resolved(self, snapshot: ReadSnapshot, shape: pa.Schema) -> pa.Table:
+        """Newest change per key over the snapshot's pending generations, as ``shape`` (with ``_tombstone``)."""
+        generations = tuple((s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations)
+        cache_key = (generations, tuple((f.name, str(f.type)) for f in shape))
+        with self._lock:
+            if (hit := self._entries.get(cache_key)) is not None:
+                self._entries.move_to_end(cache_key)
+                return hit
+
+        def read(generation: tuple[str, str]) -> pa.Table:
+            dataset = open_generation(snapshot.dataset.uri, *generation, snapshot.storage_options, snapshot.session)
+            return generation_rows(dataset, shape)
+
+        # Each generation is a small Lance dataset: read them in parallel.
+        rows = pa.concat_tables([shape.empty_table(), *_readers().map(read, generations)])
+        resolved = keep_last_per_key(rows, list(snapshot.primary_key)).combine_chunks()
+        with self._lock:
+            self._entries[cache_key] = resolved
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+        return resolved
 
 
 def _readers() -> ThreadPoolExecutor:
@@ -193,26 +272,30 @@ def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) ->
     """
     if left.num_rows == 0 or right.num_rows == 0:
         return left if join_type == "left anti" else left.slice(0, 0)
-    in_right = key_mask(left, right, key)
-    return left.filter(in_right if join_type == "left semi" else ~in_right)
+    in_right = _key_membership(left, right, key)
+    return left.filter(in_right if join_type == "left semi" else pc.invert(in_right))
 
 
 def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
-    """For each row of ``left``, whether its key occurs in ``right`` (a boolean array).
+    """For each row of ``left``, whether its key occurs in ``right`` (a boolean array)."""
+    if not (left.num_rows and right.num_rows):
+        return np.zeros(left.num_rows, dtype=bool)
+    return _key_membership(left, right, key).to_numpy(zero_copy_only=False)
+
+
+def _key_membership(left: pa.Table, right: pa.Table, key: list[str]) -> pa.ChunkedArray | pa.Array:
+    """For each row of ``left``, whether its key occurs in ``right``; both non-empty.
 
     A single-column key is a hash-set membership test; a composite key goes
     through Acero's join, on the key columns only (the join refuses payload
     columns such as fixed-size-list vectors).
     """
-    if not (left.num_rows and right.num_rows):
-        return np.zeros(left.num_rows, dtype=bool)
     if len(key) == 1:
-        found = pc.is_in(left[key[0]], value_set=right[key[0]].combine_chunks())
-        return found.to_numpy(zero_copy_only=False)
+        return pc.is_in(left[key[0]], value_set=right[key[0]].combine_chunks())
     mask = np.zeros(left.num_rows, dtype=bool)
     numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
     mask[numbered.join(right.select(key), keys=key, join_type="left semi", use_threads=False)[_ROW].to_numpy()] = True
-    return mask
+    return pa.array(mask)
 
 
 def _filter_sql(table: pa.Table, filter: str) -> pa.Table:

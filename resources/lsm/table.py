@@ -123,6 +123,7 @@ class LsmTable:
         # Caches of one Lance session: a base lookup through a warm index cache
         # takes half the time of one through a cold one.
         self._session = lance.Session()
+        self._pending_cache = merged_read.PendingGenerations()
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema,
                                    tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
@@ -451,7 +452,7 @@ class LsmTable:
         ]
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
         return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
-                                        self.storage_options, self._session)
+                                        self.storage_options, self._session, self._pending_cache)
 
     def _shard_states(self, compacted: dict[str, int], shard_ids: set[str] | None = None) -> list[ShardState]:
         return [
