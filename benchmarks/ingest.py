@@ -202,9 +202,10 @@ class SparkRun:
 
 # Driver-side steps of ingest_landing_files, wrapped with timers for the profile.
 _PHASES = {
-    "_count_per_file": "stage job: read + validate + route + cache files, count rows",
+    "_write_in_tasks": "write job: read + validate + route + cache files, shuffle blocks by shard, "
+                       "write tasks (put + close)",
+    "_count_per_file": "count job: rows per file, from the cache",
     "_quarantine": "quarantine job",
-    "_write_in_tasks": "write job: shuffle blocks by shard, write tasks (put + close)",
 }
 
 
@@ -348,8 +349,8 @@ _WORKER_FRAMES = [
     ("_write_partition", [("ShardWriter.close", "write task: close writer (flush MemTable)"),
                           ("ShardWriter.put", "write task: put (durable WAL)"),
                           ("ShardWriter.delete", "write task: delete (durable WAL)"),
-                          ("resolve_changes", "write task: resolve newest-wins"),
-                          ("ShardRouter.split", "write task: route to shard"),
+                          ("resolve_ordered_changes", "write task: resolve newest-wins"),
+                          ("ShardRouter.buckets", "write task: check shard of every row"),
                           ("_decode_blocks", "write task: receive + decode blocks"),
                           ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
                           ("LsmTable.open", "write task: open table"),
