@@ -202,10 +202,8 @@ class SparkRun:
 
 # Driver-side steps of ingest_landing_files, wrapped with timers for the profile.
 _PHASES = {
-    "_write_in_tasks": "write job: read + validate + route + cache files, shuffle blocks by shard, "
-                       "write tasks (put + close)",
-    "_count_per_file": "count job: rows per file, from the cache",
-    "_quarantine": "quarantine job",
+    "_write_in_tasks": "write job: read + validate + route files, shuffle blocks by shard, write tasks (put + close)",
+    "_quarantine": "quarantine job (files with bad rows staged again)",
 }
 
 

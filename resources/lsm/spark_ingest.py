@@ -2,14 +2,14 @@
 
 Pipeline (one call to :func:`ingest_landing_files`)::
 
-    file positions ──mapInArrow(stage)──▶ per file: a summary row (row counts),
-        │                                 one block per bucket (Arrow IPC of its
-        │                                 good rows, sorted by _seq), one row per
-        │                                 rejection       (persisted as computed)
-        ├─ 1. blocks ──repartitionById(bucket)──sortWithinPartitions(file)
-        │         ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
-        ├─ 2. summary rows ──▶ rows and rejections per file (collected)
-        └─ 3. rejected rows ──▶ quarantine (JSON Lines: file, row, reason, record)
+    file positions ──mapInArrow(stage)──▶ per file: one block per bucket (Arrow
+        │                                 IPC of its good rows, sorted by _seq),
+        │                                 one row per rejection; its row counts
+        │                                 go to an accumulator
+        └─ blocks ──repartitionById(bucket)──sortWithinPartitions(file)
+                  ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
+    files with rejections only: stage again ──▶ rejected rows ──▶ quarantine
+                                  (JSON Lines: file, row, reason, record)
 
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.changes.validate_changes`); the bucket comes from
@@ -20,11 +20,12 @@ Partition ``b`` holds exactly bucket ``b``, so one task writes each shard;
 that task writes through the shard writer it opens (claim + replay) and
 closes (flush) itself. Its rows arrive in newest-wins order (file, then
 ``_seq``, then row), so it resolves each chunk by position
-(:meth:`LsmTable.write_shard_ordered`). The write job is the first to run:
-it computes the staged rows, which the summary and quarantine jobs then read
-from the cache instead of a separate staging job. The driver records a file
-in the ledger only after the write job, and the quarantine of its bad rows,
-succeeded.
+(:meth:`LsmTable.write_shard_ordered`). Staging runs inside the write job,
+nothing is cached: the counts per file come back in a Spark accumulator, and
+only files with bad rows are staged a second time, to quarantine those rows
+(caching every staged block for that cost more than it saved). The driver
+records a file in the ledger only after the write job, and the quarantine of
+its bad rows, succeeded.
 """
 
 from __future__ import annotations
@@ -47,14 +48,14 @@ from .landing import (IngestLedger, LandingFile, UnreadableFileError, list_landi
 from .schema import SEQ_COLUMN
 from .table import LsmTable, ShardTotals, ShardWriteCount
 
-_ORDER, _FILE, _ROWS, _REJECTED = "__order", "__file", "__rows", "__rejected"
+_ORDER, _FILE = "__order", "__file"
 _BUCKET, _BLOCK, _ROW, _REASON, _RECORD = "__bucket", "__block", "__row", "__reason", "__record"
 
-# One staged row is one of: a file's summary (_ROWS, _REJECTED), a block of
-# the file's good rows for one bucket (_BUCKET, _BLOCK), or a rejected row
-# (_ROW, _REASON, _RECORD). Columns of the other kinds are null.
+# One staged row is one of: a block of the file's good rows for one bucket
+# (_BUCKET, _BLOCK), or a rejected row (_ROW, _REASON, _RECORD). Columns of
+# the other kind are null.
 _STAGED_SCHEMA = pa.schema([
-    (_ORDER, pa.int32()), (_FILE, pa.string()), (_ROWS, pa.int64()), (_REJECTED, pa.int64()),
+    (_ORDER, pa.int32()), (_FILE, pa.string()),
     (_BUCKET, pa.int32()), (_BLOCK, pa.binary()),
     (_ROW, pa.int64()), (_REASON, pa.string()), (_RECORD, pa.string()),
 ])
@@ -133,36 +134,51 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
-    staged = _stage(spark, table, files).persist()
-    try:
-        shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
-        per_file = _count_per_file(staged)
-        rows_quarantined = sum(rejected for _, rejected in per_file.values())
-        quarantine_path = None
-        if rows_quarantined:
-            quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
-            _quarantine(staged, quarantine_path)
-    finally:
-        staged.unpersist()
+    counts = spark.sparkContext.accumulator({}, _PerFileCounts())
+    staged = _stage(spark, table, files, counts)
+    shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
+    per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
+    rows_quarantined = sum(per_file[f.order][1] for f in files)
+    quarantine_path = None
+    if rows_quarantined:
+        quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
+        _quarantine(_stage(spark, table, [f for f in files if per_file[f.order][1]], counts), quarantine_path)
 
     ledger = IngestLedger(table_uri)
     for f in files:
-        rows, rejected = per_file.get(f.order, (0, 0))
+        rows, rejected = per_file[f.order]
         ledger.record(new_ledger_entry(f, rows, rejected, run_id))
     return IngestReport(
         files=tuple(f.name for f in files),
-        rows_read=sum(rows for rows, _ in per_file.values()),
+        rows_read=sum(per_file[f.order][0] for f in files),
         rows_quarantined=rows_quarantined,
         shards=tuple(shard_stats),
         elapsed_seconds=time.monotonic() - started,
         quarantine_path=quarantine_path,
-        per_file={f.name: per_file.get(f.order, (0, 0)) for f in files},
+        per_file={f.name: per_file[f.order] for f in files},
     )
 
 
 # --------------------------------------------------------------------- driver side
 
-def _stage(spark, table: LsmTable, files: list[LandingFile]):
+class _PerFileCounts:
+    """Spark accumulator parameter for ``{file order: (rows, rejected rows)}``.
+
+    Merging overwrites, so a task Spark runs again (a retry, a recomputed
+    stage) reports the same values instead of adding them twice.
+    """
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, counts: dict, more: dict) -> dict:  # noqa: N802 (PySpark's name)
+        counts.update(more)
+        return counts
+
+
+def _stage(spark, table: LsmTable, files: list[LandingFile], counts):
+    """Staged rows of ``files`` (blocks, rejections), computed by the job that uses them;
+    each file's (rows, rejected rows) is added to the accumulator ``counts``."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     # Tasks get ranges of positions in the file list (shipped with the
@@ -170,16 +186,8 @@ def _stage(spark, table: LsmTable, files: list[LandingFile]):
     listing = [(f.order, f.name, f.path) for f in files]
     positions = spark.range(len(files), numPartitions=min(len(files), spark.sparkContext.defaultParallelism))
     uri = table.uri
-    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri),
+    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri, counts),
                                 from_arrow_schema(_STAGED_SCHEMA))
-
-
-def _count_per_file(staged) -> dict[int, tuple[int, int]]:
-    """(rows, rejected rows) of every file, by file order, from the summary rows."""
-    from pyspark.sql import functions as F
-
-    summaries = staged.filter(F.col(_ROWS).isNotNull()).select(_ORDER, _ROWS, _REJECTED).collect()
-    return {r[_ORDER]: (r[_ROWS], r[_REJECTED]) for r in summaries}
 
 
 def _quarantine(staged, path: str) -> None:
@@ -228,29 +236,32 @@ def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
 
 # --------------------------------------------------------------- executor side
 
-def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str):
+def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str, counts):
     """Read, validate and route the listed files at the batches' positions (runs in a Spark task)."""
     table = LsmTable.open(uri)
     for batch in batches:
         for position in batch.column(0).to_pylist():
-            yield _stage_one_file(table, *listing[position])
+            order = listing[position][0]
+            staged, rows_and_rejected = _stage_one_file(table, *listing[position])
+            counts.add({order: rows_and_rejected})
+            yield staged
 
 
-def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> pa.RecordBatch:
+def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> tuple[pa.RecordBatch, tuple[int, int]]:
     try:
         raw, rejections = read_landing_file(path)
     except UnreadableFileError as exc:
-        return _staged_batch(order, name, 0, [], [Rejection(-1, str(exc))], None)
+        return _staged_file(order, name, 0, [], [Rejection(-1, str(exc))], None)
     try:
         validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
     except ValueError as exc:  # e.g. a key column missing from the whole file
-        return _staged_batch(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
+        return _staged_file(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
     # A JSON line that failed to parse was read as an empty row, which
     # validation rejects for its null key; the parse error explains it better.
     rejected = {r.row: r for r in validated.rejections}
     rejected.update({r.row: r for r in rejections})
     good = validated.valid
-    return _staged_batch(order, name, good.num_rows, _blocks_by_bucket(table, good),
+    return _staged_file(order, name, good.num_rows, _blocks_by_bucket(table, good),
                          sorted(rejected.values(), key=lambda r: r.row), raw)
 
 
@@ -272,18 +283,18 @@ def _blocks_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, bytes]
     return [(int(b), _to_ipc(ordered.slice(start, end - start))) for b, start, end in zip(values, starts, ends)]
 
 
-def _staged_batch(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
-                  rejections: list[Rejection], raw: pa.Table | None) -> pa.RecordBatch:
-    """One file's staged rows: its summary, its blocks, its rejected rows."""
+def _staged_file(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
+                 rejections: list[Rejection], raw: pa.Table | None) -> tuple[pa.RecordBatch, tuple[int, int]]:
+    """One file's staged rows (its blocks, its rejected rows) and its (rows, rejected rows)."""
     kinds = [
-        (1, {_FILE: [name], _ROWS: [good_rows + len(rejections)], _REJECTED: [len(rejections)]}),
         (len(blocks), {_BUCKET: [b for b, _ in blocks], _BLOCK: [block for _, block in blocks]}),
         (len(rejections), {_FILE: [name] * len(rejections), _ROW: [r.row for r in rejections],
                            _REASON: [r.reason for r in rejections], _RECORD: _records(raw, rejections)}),
     ]
     columns = {f.name: [v for n, kind in kinds for v in kind.get(f.name, [None] * n)] for f in _STAGED_SCHEMA}
     columns[_ORDER] = [order] * len(columns[_ORDER])
-    return pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
+    staged = pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
+    return staged, (good_rows + len(rejections), len(rejections))
 
 
 def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
