@@ -143,6 +143,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
     if rows_quarantined:
         quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
         _quarantine(_stage(spark, table, [f for f in files if per_file[f.order][1]], counts), quarantine_path)
+    counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
 
     ledger = IngestLedger(table_uri)
     for f in files:
@@ -177,8 +178,10 @@ class _PerFileCounts:
 
 
 def _stage(spark, table: LsmTable, files: list[LandingFile], counts):
-    """Staged rows of ``files`` (blocks, rejections), computed by the job that uses them;
-    each file's (rows, rejected rows) is added to the accumulator ``counts``."""
+    """Staged rows of ``files`` (blocks, rejected rows), computed by the job that reads them.
+
+    Each file's (rows, rejected rows) is added to the accumulator ``counts``.
+    """
     from pyspark.sql.pandas.types import from_arrow_schema
 
     # Tasks get ranges of positions in the file list (shipped with the
