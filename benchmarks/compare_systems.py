@@ -407,9 +407,10 @@ ONE_CALL_FOR_ALL_FILES = {"platform-backlog"}
 
 # Driver-side steps of ``ingest_landing_files``, timed for the platform's profile.
 INGEST_PHASES = {
-    "_count_per_file": "Spark stage job: read + validate + route files (cached), collect counts",
-    "_write_here": "collect staged blocks to the driver, write through the open writers",
-    "_write_in_tasks": "Spark write job: shuffle blocks by shard, write tasks (put + close)",
+    "_write_here": "Spark stage job: read + validate + route files, collect blocks to the driver, "
+                   "write through the open writers",
+    "_write_in_tasks": "Spark write job: read + validate + route files, shuffle blocks by shard, "
+                       "write tasks (put + close)",
 }
 
 

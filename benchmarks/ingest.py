@@ -202,9 +202,8 @@ class SparkRun:
 
 # Driver-side steps of ingest_landing_files, wrapped with timers for the profile.
 _PHASES = {
-    "_count_per_file": "stage job: read + validate + route + cache files, count rows",
-    "_quarantine": "quarantine job",
-    "_write_in_tasks": "write job: shuffle blocks by shard, write tasks (put + close)",
+    "_write_in_tasks": "write job: read + validate + route files, shuffle blocks by shard, write tasks (put + close)",
+    "_quarantine": "quarantine job (files with bad rows staged again)",
 }
 
 
@@ -348,8 +347,8 @@ _WORKER_FRAMES = [
     ("_write_partition", [("ShardWriter.close", "write task: close writer (flush MemTable)"),
                           ("ShardWriter.put", "write task: put (durable WAL)"),
                           ("ShardWriter.delete", "write task: delete (durable WAL)"),
-                          ("resolve_changes", "write task: resolve newest-wins"),
-                          ("ShardRouter.split", "write task: route to shard"),
+                          ("resolve_ordered_changes", "write task: resolve newest-wins"),
+                          ("ShardRouter.buckets", "write task: check shard of every row"),
                           ("_decode_blocks", "write task: receive + decode blocks"),
                           ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
                           ("LsmTable.open", "write task: open table"),

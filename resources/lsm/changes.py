@@ -3,8 +3,9 @@
 A change batch has the table's columns plus optional ``_op`` ('upsert' |
 'delete') and ``_seq`` (int64). :func:`validate_changes` finds every bad row
 with a reason (so ingestion can quarantine them) and returns the good rows cast
-to the table schema; :func:`resolve_changes` keeps the winning change per key
-and splits upserts from deletes.
+to the table schema; :func:`resolve_changes` (or, for rows already in newest-wins order,
+:func:`resolve_ordered_changes`) keeps the winning change per key and splits
+upserts from deletes.
 """
 
 from __future__ import annotations
@@ -135,7 +136,16 @@ def resolve_changes(valid: pa.Table, schema: pa.Schema, primary_key: list[str]) 
     # A stable sort by _seq keeps input order among equal _seq values, so the
     # last row of each key after sorting is the winner.
     by_seq = valid.take(pc.array_sort_indices(valid[SEQ_COLUMN], order="ascending"))
-    winners = keep_last_per_key(by_seq, primary_key)
+    return resolve_ordered_changes(by_seq, schema, primary_key)
+
+
+def resolve_ordered_changes(ordered: pa.Table, schema: pa.Schema, primary_key: list[str]) -> ResolvedChanges:
+    """Keep one change per key: the last row of the key (rows are in newest-wins order).
+
+    ``ordered`` has the table's columns and ``_op``; any ``_seq`` is ignored.
+    Deletes of keys that do not exist are kept; applying them is a no-op.
+    """
+    winners = keep_last_per_key(ordered, primary_key)
     is_delete = pc.equal(winners[OP_COLUMN], DELETE)
     upserts = winners.filter(pc.invert(is_delete)).select(schema.names).cast(schema)
     deletes = winners.filter(is_delete).select(primary_key)

@@ -2,13 +2,14 @@
 
 Pipeline (one call to :func:`ingest_landing_files`)::
 
-    file positions ──mapInArrow(stage)──▶ per file: a summary row (row counts),
-        │                                 one block per bucket (Arrow IPC of its
-        │                                 good rows, sorted by _seq), one row per
-        │                                 rejection                     (persisted)
-        ├─ rejected rows ──▶ quarantine (JSON Lines: file, row, reason, record)
+    file positions ──mapInArrow(stage)──▶ per file: one block per bucket (Arrow
+        │                                 IPC of its good rows, sorted by _seq),
+        │                                 one row per rejection; its row counts
+        │                                 go to an accumulator
         └─ blocks ──repartitionById(bucket)──sortWithinPartitions(file)
                   ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
+    files with rejections only: stage again ──▶ rejected rows ──▶ quarantine
+                                  (JSON Lines: file, row, reason, record)
 
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.changes.validate_changes`); the bucket comes from
@@ -17,8 +18,14 @@ not rows: converting every row to a Spark row, caching, shuffling, sorting
 and converting it back made ingestion ~5x slower (see benchmarks/ingest.py).
 Partition ``b`` holds exactly bucket ``b``, so one task writes each shard;
 that task writes through the shard writer it opens (claim + replay) and
-closes (flush) itself. The driver records a file in the ledger only after
-the write job succeeded.
+closes (flush) itself. Its rows arrive in newest-wins order (file, then
+``_seq``, then row), so it resolves each chunk by position
+(:meth:`LsmTable.write_shard_ordered`). Staging runs inside the write job,
+nothing is cached: the counts per file come back in a Spark accumulator, and
+only files with bad rows are staged a second time, to quarantine those rows
+(caching every staged block for that cost more than it saved). The driver
+records a file in the ledger only after the write job, and the quarantine of
+its bad rows, succeeded.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import json
 import os
 import time
 import uuid
-from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -39,16 +46,16 @@ from .changes import Rejection, validate_changes
 from .landing import (IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
                       new_ledger_entry, read_landing_file)
 from .schema import SEQ_COLUMN
-from .table import LsmTable, ShardTotals
+from .table import LsmTable, ShardTotals, ShardWriteCount
 
-_ORDER, _FILE, _ROWS, _REJECTED = "__order", "__file", "__rows", "__rejected"
+_ORDER, _FILE = "__order", "__file"
 _BUCKET, _BLOCK, _ROW, _REASON, _RECORD = "__bucket", "__block", "__row", "__reason", "__record"
 
-# One staged row is one of: a file's summary (_ROWS, _REJECTED), a block of
-# the file's good rows for one bucket (_BUCKET, _BLOCK), or a rejected row
-# (_ROW, _REASON, _RECORD). Columns of the other kinds are null.
+# One staged row is one of: a block of the file's good rows for one bucket
+# (_BUCKET, _BLOCK), or a rejected row (_ROW, _REASON, _RECORD). Columns of
+# the other kind are null.
 _STAGED_SCHEMA = pa.schema([
-    (_ORDER, pa.int32()), (_FILE, pa.string()), (_ROWS, pa.int64()), (_REJECTED, pa.int64()),
+    (_ORDER, pa.int32()), (_FILE, pa.string()),
     (_BUCKET, pa.int32()), (_BLOCK, pa.binary()),
     (_ROW, pa.int64()), (_REASON, pa.string()), (_RECORD, pa.string()),
 ])
@@ -127,36 +134,54 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
-    staged = _stage(spark, table, files).persist()
-    try:
-        per_file = _count_per_file(staged)
-        rows_quarantined = sum(rejected for _, rejected in per_file.values())
-        quarantine_path = None
-        if rows_quarantined:
-            quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
-            _quarantine(staged, quarantine_path)
-        shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
-    finally:
-        staged.unpersist()
+    counts = spark.sparkContext.accumulator({}, _PerFileCounts())
+    staged = _stage(spark, table, files, counts)
+    shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
+    per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
+    rows_quarantined = sum(per_file[f.order][1] for f in files)
+    quarantine_path = None
+    if rows_quarantined:
+        quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
+        _quarantine(_stage(spark, table, [f for f in files if per_file[f.order][1]], counts), quarantine_path)
+    counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
 
     ledger = IngestLedger(table_uri)
     for f in files:
-        rows, rejected = per_file.get(f.order, (0, 0))
+        rows, rejected = per_file[f.order]
         ledger.record(new_ledger_entry(f, rows, rejected, run_id))
     return IngestReport(
         files=tuple(f.name for f in files),
-        rows_read=sum(rows for rows, _ in per_file.values()),
+        rows_read=sum(per_file[f.order][0] for f in files),
         rows_quarantined=rows_quarantined,
         shards=tuple(shard_stats),
         elapsed_seconds=time.monotonic() - started,
         quarantine_path=quarantine_path,
-        per_file={f.name: per_file.get(f.order, (0, 0)) for f in files},
+        per_file={f.name: per_file[f.order] for f in files},
     )
 
 
 # --------------------------------------------------------------------- driver side
 
-def _stage(spark, table: LsmTable, files: list[LandingFile]):
+class _PerFileCounts:
+    """Spark accumulator parameter for ``{file order: (rows, rejected rows)}``.
+
+    Merging overwrites, so a task Spark runs again (a retry, a recomputed
+    stage) reports the same values instead of adding them twice.
+    """
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, counts: dict, more: dict) -> dict:  # noqa: N802 (PySpark's name)
+        counts.update(more)
+        return counts
+
+
+def _stage(spark, table: LsmTable, files: list[LandingFile], counts):
+    """Staged rows of ``files`` (blocks, rejected rows), computed by the job that reads them.
+
+    Each file's (rows, rejected rows) is added to the accumulator ``counts``.
+    """
     from pyspark.sql.pandas.types import from_arrow_schema
 
     # Tasks get ranges of positions in the file list (shipped with the
@@ -164,16 +189,8 @@ def _stage(spark, table: LsmTable, files: list[LandingFile]):
     listing = [(f.order, f.name, f.path) for f in files]
     positions = spark.range(len(files), numPartitions=min(len(files), spark.sparkContext.defaultParallelism))
     uri = table.uri
-    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri),
+    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri, counts),
                                 from_arrow_schema(_STAGED_SCHEMA))
-
-
-def _count_per_file(staged) -> dict[int, tuple[int, int]]:
-    """(rows, rejected rows) of every file, by file order, from the summary rows."""
-    from pyspark.sql import functions as F
-
-    summaries = staged.filter(F.col(_ROWS).isNotNull()).select(_ORDER, _ROWS, _REJECTED).collect()
-    return {r[_ORDER]: (r[_ROWS], r[_REJECTED]) for r in summaries}
 
 
 def _quarantine(staged, path: str) -> None:
@@ -186,19 +203,23 @@ def _quarantine(staged, path: str) -> None:
 
 
 def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
-    """Write the good rows through this process's open writers (continuous mode)."""
+    """Write the good rows through this process's open writers, shards in parallel (continuous mode)."""
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    # Blocks are few (files x buckets): fetch them and order by file here.
-    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BLOCK).toArrow().sort_by(_ORDER)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    next_seq = 0
-    for chunk in _chunks(_decode_blocks(blocks.to_batches()), table.max_rows_per_put):
-        next_seq = _write_chunk(table, chunk, next_seq, counts)
+    # Blocks are few (files x buckets): fetch them and order by shard, then file, here.
+    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BUCKET, _BLOCK).toArrow() \
+        .sort_by([(_BUCKET, "ascending"), (_ORDER, "ascending")])
+    by_shard = {table.shard_ids[b]: blocks.filter(pc.equal(blocks[_BUCKET], b))
+                for b in pc.unique(blocks[_BUCKET]).to_pylist()}
+    with ThreadPoolExecutor(max_workers=max(1, len(by_shard)), thread_name_prefix="lsm-ingest") as pool:
+        written = list(pool.map(
+            lambda shard_id: _write_shard(table, shard_id, _decode_blocks(by_shard[shard_id].to_batches())),
+            by_shard))
     wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
     elapsed = time.monotonic() - started
-    return [ShardIngestStats(s, u, d, wal_bytes.get(s, 0), elapsed) for s, (u, d) in sorted(counts.items())]
+    return [ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
+            for w in sorted(written, key=lambda w: w.shard_id)]
 
 
 def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
@@ -218,29 +239,32 @@ def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
 
 # --------------------------------------------------------------- executor side
 
-def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str):
+def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str, counts):
     """Read, validate and route the listed files at the batches' positions (runs in a Spark task)."""
     table = LsmTable.open(uri)
     for batch in batches:
         for position in batch.column(0).to_pylist():
-            yield _stage_one_file(table, *listing[position])
+            order = listing[position][0]
+            staged, rows_and_rejected = _stage_one_file(table, *listing[position])
+            counts.add({order: rows_and_rejected})
+            yield staged
 
 
-def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> pa.RecordBatch:
+def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> tuple[pa.RecordBatch, tuple[int, int]]:
     try:
         raw, rejections = read_landing_file(path)
     except UnreadableFileError as exc:
-        return _staged_batch(order, name, 0, [], [Rejection(-1, str(exc))], None)
+        return _staged_file(order, name, 0, [], [Rejection(-1, str(exc))], None)
     try:
         validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
     except ValueError as exc:  # e.g. a key column missing from the whole file
-        return _staged_batch(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
+        return _staged_file(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
     # A JSON line that failed to parse was read as an empty row, which
     # validation rejects for its null key; the parse error explains it better.
     rejected = {r.row: r for r in validated.rejections}
     rejected.update({r.row: r for r in rejections})
     good = validated.valid
-    return _staged_batch(order, name, good.num_rows, _blocks_by_bucket(table, good),
+    return _staged_file(order, name, good.num_rows, _blocks_by_bucket(table, good),
                          sorted(rejected.values(), key=lambda r: r.row), raw)
 
 
@@ -248,31 +272,32 @@ def _blocks_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, bytes]
     """Good rows (in file order) as one Arrow IPC stream per bucket, each sorted by ``_seq``.
 
     The sort is stable, so rows with equal ``_seq`` keep their file order:
-    the write task lets the later of them win.
+    the write task lets the later of them win. A block's row order is its
+    newest-wins order, so ``_seq`` itself is left out.
     """
     if not good.num_rows:
         return []
     buckets = table.buckets(good.select(table.primary_key))
     keys = pa.table({_BUCKET: buckets, SEQ_COLUMN: good[SEQ_COLUMN]})
     order = pc.sort_indices(keys, sort_keys=[(_BUCKET, "ascending"), (SEQ_COLUMN, "ascending")])
-    ordered, ordered_buckets = good.take(order), buckets[order.to_numpy()]
+    ordered, ordered_buckets = good.drop_columns([SEQ_COLUMN]).take(order), buckets[order.to_numpy()]
     values, starts = np.unique(ordered_buckets, return_index=True)
     ends = [*starts[1:], good.num_rows]
     return [(int(b), _to_ipc(ordered.slice(start, end - start))) for b, start, end in zip(values, starts, ends)]
 
 
-def _staged_batch(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
-                  rejections: list[Rejection], raw: pa.Table | None) -> pa.RecordBatch:
-    """One file's staged rows: its summary, its blocks, its rejected rows."""
+def _staged_file(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
+                 rejections: list[Rejection], raw: pa.Table | None) -> tuple[pa.RecordBatch, tuple[int, int]]:
+    """One file's staged rows (its blocks, its rejected rows) and its (rows, rejected rows)."""
     kinds = [
-        (1, {_FILE: [name], _ROWS: [good_rows + len(rejections)], _REJECTED: [len(rejections)]}),
         (len(blocks), {_BUCKET: [b for b, _ in blocks], _BLOCK: [block for _, block in blocks]}),
         (len(rejections), {_FILE: [name] * len(rejections), _ROW: [r.row for r in rejections],
                            _REASON: [r.reason for r in rejections], _RECORD: _records(raw, rejections)}),
     ]
     columns = {f.name: [v for n, kind in kinds for v in kind.get(f.name, [None] * n)] for f in _STAGED_SCHEMA}
     columns[_ORDER] = [order] * len(columns[_ORDER])
-    return pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
+    staged = pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
+    return staged, (good_rows + len(rejections), len(rejections))
 
 
 def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
@@ -298,30 +323,34 @@ def _decode_blocks(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
 
 
 def _write_partition(batches, uri: str):
-    """Write one partition's blocks (one shard, in file order) through its shard writer."""
+    """Write one partition's blocks (bucket = partition, in file order) through its shard writer (runs in a Spark task)."""
+    from pyspark import TaskContext
+
     table = LsmTable.open(uri)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    shard_id = table.shard_ids[TaskContext.get().partitionId()]
     started = time.monotonic()
-    next_seq = 0
     try:
-        for chunk in _chunks(_decode_blocks(batches), table.max_rows_per_put):
-            next_seq = _write_chunk(table, chunk, next_seq, counts)
-        wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
+        written = _write_shard(table, shard_id, _decode_blocks(batches))
+        wal_bytes = table.writer_stats().get(shard_id, {}).get("wal_flush_bytes", 0)
     finally:
         table.close()
     elapsed = time.monotonic() - started
     yield pa.RecordBatch.from_pylist([
-        {"shard_id": s, "upserts": u, "deletes": d, "wal_bytes": wal_bytes.get(s, 0), "write_seconds": elapsed}
-        for s, (u, d) in sorted(counts.items())
-    ], schema=_STATS_SCHEMA)
+        {"shard_id": shard_id, "upserts": written.upserts, "deletes": written.deletes, "wal_bytes": wal_bytes,
+         "write_seconds": elapsed}
+    ] if written.upserts or written.deletes else [], schema=_STATS_SCHEMA)
 
 
-def _write_chunk(table: LsmTable, chunk: pa.Table, next_seq: int, counts: dict[str, list[int]]) -> int:
-    """Write the stream's next rows (``_seq`` from ``next_seq`` on); add them to ``counts``; return the next ``_seq``."""
-    for shard in table.write_validated(_renumber_seq(chunk, next_seq)).shards:
-        counts[shard.shard_id][0] += shard.upserts
-        counts[shard.shard_id][1] += shard.deletes
-    return next_seq + chunk.num_rows
+def _write_shard(table: LsmTable, shard_id: str, blocks: Iterable[pa.Table]) -> ShardWriteCount:
+    """Write one shard's blocks, in order, in chunks of at most a MemTable's rows; return the totals.
+
+    Each chunk is durable in the shard's WAL before the next one is read.
+    """
+    upserts = deletes = 0
+    for chunk in _chunks(blocks, table.max_rows_per_put):
+        written = table.write_shard_ordered(shard_id, chunk)
+        upserts, deletes = upserts + written.upserts, deletes + written.deletes
+    return ShardWriteCount(shard_id, upserts, deletes)
 
 
 def _chunks(tables: Iterable[pa.Table], rows_per_chunk: int) -> Iterator[pa.Table]:
@@ -339,10 +368,3 @@ def _chunks(tables: Iterable[pa.Table], rows_per_chunk: int) -> Iterator[pa.Tabl
                 pending, size = [], 0
     if pending:
         yield pa.concat_tables(pending)
-
-
-def _renumber_seq(rows: pa.Table, start: int) -> pa.Table:
-    """Rows arrive sorted by (file, _seq, row); renumbering ``_seq`` in that
-    order makes it the newest-wins order of a ``write`` call."""
-    seq = pa.array(np.arange(start, start + rows.num_rows, dtype=np.int64))
-    return rows.set_column(rows.schema.get_field_index(SEQ_COLUMN), SEQ_COLUMN, seq)

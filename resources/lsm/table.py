@@ -21,7 +21,8 @@ import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
 from . import compaction, merged_read, vector_search
-from .changes import InvalidChangesError, resolve_changes, to_arrow, validate_changes
+from .changes import (InvalidChangesError, resolve_changes, resolve_ordered_changes, to_arrow,
+                      validate_changes)
 from .compaction import CompactionResult, MaintenancePolicy
 from .compaction_marker import read_compacted_generations
 from .gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
@@ -248,8 +249,7 @@ class LsmTable:
     def write_validated(self, changes: pa.Table) -> WriteResult:
         """:meth:`write` for rows that already passed ``validate_changes`` for this table.
 
-        Spark ingestion validates every row once, when staging a file; this
-        skips the second validation pass (a cast and null check per column).
+        Skips the second validation pass (a cast and null check per column).
         ``changes`` must be ``ValidatedChanges.valid``-shaped: the table's
         columns with its types, then ``_op`` (string) and ``_seq`` (int64).
         Nothing else is checked, so a row that was never validated (a null
@@ -262,26 +262,39 @@ class LsmTable:
         WriterFencedError
             As for :meth:`write`.
         """
-        expected = [*((f.name, f.type) for f in self.schema), (OP_COLUMN, pa.string()), (SEQ_COLUMN, pa.int64())]
-        if [(f.name, f.type) for f in changes.schema] != expected:
-            raise ValueError(f"write_validated needs columns {expected}, got {changes.schema}")
+        self._check_change_columns(changes, "write_validated", (OP_COLUMN, pa.string()), (SEQ_COLUMN, pa.int64()))
         resolved = resolve_changes(changes, self.schema, self.primary_key)
         upserts = self._router.split(resolved.upserts)
         deletes = self._router.split(resolved.deletes)
         shard_ids = sorted(set(upserts) | set(deletes))
+        return WriteResult(tuple(self._for_each_shard(
+            lambda shard_id: self._put_resolved(shard_id, upserts.get(shard_id), deletes.get(shard_id)),
+            shard_ids)))
 
-        def write_shard(shard_id: str) -> ShardWriteCount:
-            ups, dels = upserts.get(shard_id), deletes.get(shard_id)
-            writer = self._writer(shard_id)
-            with self._fencing_as_error(shard_id):
-                for chunk in _slices(ups, self.max_rows_per_put):
-                    writer.put(chunk)
-                for chunk in _slices(dels, self.max_rows_per_put):
-                    writer.delete(chunk)
-            return ShardWriteCount(shard_id, ups.num_rows if ups is not None else 0,
-                                   dels.num_rows if dels is not None else 0)
+    def write_shard_ordered(self, shard_id: str, changes: pa.Table) -> ShardWriteCount:
+        """Write one shard's validated changes, given in newest-wins order; return once durable.
 
-        return WriteResult(tuple(self._for_each_shard(write_shard, shard_ids)))
+        For callers that validated (``validate_changes``) and routed
+        (:meth:`buckets`) the rows already and put them in order, such as a
+        Spark write task that owns the shard: no ``_seq`` sort, no split by
+        shard. Per key the last row wins. ``changes`` has the table's columns
+        with its types, then ``_op`` (string); values are not re-validated.
+        Every row's bucket is recomputed (Lance's hash of the key columns,
+        cheap next to the put), so a row of another shard is refused, never
+        written here.
+
+        Raises
+        ------
+        ValueError
+            If ``changes`` does not have exactly those columns, or holds a row of another shard.
+        WriterFencedError
+            As for :meth:`write`.
+        """
+        self._check_change_columns(changes, "write_shard_ordered", (OP_COLUMN, pa.string()))
+        if np.any(self._router.buckets(changes.select(self.primary_key)) != self.shard_ids.index(shard_id)):
+            raise ValueError(f"write_shard_ordered({shard_id!r}) got rows of other shards")
+        resolved = resolve_ordered_changes(changes, self.schema, self.primary_key)
+        return self._put_resolved(shard_id, resolved.upserts, resolved.deletes)
 
     @property
     def max_rows_per_put(self) -> int:
@@ -470,6 +483,22 @@ class LsmTable:
             for k in keys
         ]
         return pa.Table.from_pylist(rows, schema=key_schema)
+
+    def _check_change_columns(self, changes: pa.Table, method: str, *change_columns: tuple[str, pa.DataType]) -> None:
+        expected = [*((f.name, f.type) for f in self.schema), *change_columns]
+        if [(f.name, f.type) for f in changes.schema] != expected:
+            raise ValueError(f"{method} needs columns {expected}, got {changes.schema}")
+
+    def _put_resolved(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
+        """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts."""
+        writer = self._writer(shard_id)
+        with self._fencing_as_error(shard_id):
+            for chunk in _slices(upserts, self.max_rows_per_put):
+                writer.put(chunk)
+            for chunk in _slices(deletes, self.max_rows_per_put):
+                writer.delete(chunk)
+        return ShardWriteCount(shard_id, upserts.num_rows if upserts is not None else 0,
+                               deletes.num_rows if deletes is not None else 0)
 
     def _writer(self, shard_id: str) -> ShardWriter:
         if shard_id not in self._writers:
