@@ -16,7 +16,9 @@ pending generations it resolved, so the first scan by a new reader (which
 resolves them) is reported next to the repeated ones.
 
 Targets: merge >= 0.8x plain merge_insert; merged scan with 4 generations <=
-1.5x base-only scan. Timings are medians over ``--repeat`` runs.
+1.5x base-only scan. Timings are medians over ``--repeat`` runs; the full
+scans alternate with the base-only scan (``--scan-repeat`` pairs) so both
+see the same machine load.
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def median_seconds(work: Callable[[], object], repeat: int) -> float:
         work()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def paired_median_seconds(first: Callable[[], object], second: Callable[[], object],
+                          repeat: int) -> tuple[float, float]:
+    """Medians of ``first`` and ``second`` run alternately, so both see the same machine load."""
+    pairs = [(median_seconds(first, 1), median_seconds(second, 1)) for _ in range(repeat)]
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
 def resolved_changes(table: LsmTable) -> tuple[pa.Table, pa.Table, int]:
@@ -165,9 +174,10 @@ def bench_reads(workdir: Path, args) -> dict:
         write_generations(table, [changes(rng, args.rows, args.gen_rows, 0.05)
                                   for _ in range(generations - written)])
         written = generations
+        base_scan, scan = paired_median_seconds(base.to_table, table.read, args.scan_repeat)
         results[generations] = {
-            "base_scan_seconds": median_seconds(lambda: base.to_table(), args.repeat),
-            "scan_seconds": median_seconds(lambda: table.read(), args.repeat),
+            "base_scan_seconds": base_scan,
+            "scan_seconds": scan,
             "first_scan_seconds": statistics.median(first_scan_seconds() for _ in range(args.repeat)),
             "base_lookup_seconds": lookups(lambda k: base.to_table(filter=f"id = {k}")),
             "lookup_seconds": lookups(lambda k: table.lookup([k])),
@@ -208,6 +218,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--lookups", type=int, default=30, help="point lookups per configuration")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scan-repeat", type=int, default=15, help="alternating base/merged full-scan pairs")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     args.change_rows = args.change_rows or args.rows // 5

@@ -100,7 +100,7 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
     base = _BaseBatches(snapshot.dataset, wanted, filter)
     # The filter may name columns the caller did not ask for: read them all then.
     newer = pending_changes(snapshot, snapshot.dataset.schema.names if filter else wanted)
-    older = base.without_keys(newer.select(key).combine_chunks(), key)
+    older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
     live = _live(newer)
     if filter:
         live = _filter_sql(live, filter)
@@ -109,7 +109,7 @@ def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.T
 
 
 class _BaseBatches:
-    """The base scan, started on a reader thread at once and drained by :meth:`without_keys`."""
+    """The base scan, started on a reader thread at once and drained by :meth:`without`."""
 
     _END = object()
 
@@ -126,22 +126,55 @@ class _BaseBatches:
         except BaseException as exc:  # handed to the reading thread, which raises it
             self._batches.put(exc)
 
-    def without_keys(self, keys: pa.Table, key: list[str]) -> pa.Table:
+    def without(self, keys: "_KeyFilter") -> pa.Table:
         """Every base row whose key is not in ``keys``, in scan order.
 
         Batches are filtered on the reader threads while the scan goes on
-        (Arrow's kernels release the GIL).
+        (numpy and Arrow kernels release the GIL).
         """
         parts: list[Future] = []
         while (item := self._batches.get()) is not self._END:
             if isinstance(item, BaseException):
                 raise item
-            parts.append(_readers().submit(_drop_keys, item, keys, key))
+            parts.append(_readers().submit(keys.drop_from, item))
         return pa.concat_tables([self._schema.empty_table(), *(p.result() for p in parts)])
 
 
-def _drop_keys(batch: pa.RecordBatch, keys: pa.Table, key: list[str]) -> pa.Table:
-    return key_join(pa.Table.from_batches([batch]), keys, key, "left anti")
+class _KeyFilter:
+    """A fixed set of keys, prepared once to drop its keys from many base batches.
+
+    A single integer key whose values span a small range (sequence ids, the
+    usual case) becomes a bitmap indexed by value, so a batch costs one array
+    lookup per row; Arrow's hash-set test would rebuild its set for every
+    batch. Other keys go through :func:`key_join`.
+    """
+
+    _MAX_SPAN = 1 << 24
+    """Widest value range given a bitmap (16 MB)."""
+
+    def __init__(self, keys: pa.Table, key: list[str]) -> None:
+        self._keys, self._key = keys, key
+        self._bitmap: np.ndarray | None = None
+        values = keys.column(0) if len(key) == 1 else None
+        if values is not None and keys.num_rows and pa.types.is_integer(values.type) and not values.null_count:
+            self._low, high = pc.min(values).as_py(), pc.max(values).as_py()
+            if high - self._low < self._MAX_SPAN:
+                self._bitmap = np.zeros(high - self._low + 1, dtype=bool)
+                self._bitmap[values.to_numpy() - self._low] = True
+
+    def drop_from(self, batch: pa.RecordBatch) -> pa.Table:
+        """``batch``'s rows whose key is not in the set, in order."""
+        if not self._keys.num_rows:
+            return pa.Table.from_batches([batch])
+        column = batch.column(self._key[0])
+        if self._bitmap is None or column.null_count:
+            return key_join(pa.Table.from_batches([batch]), self._keys, self._key, "left anti")
+        values = column.to_numpy()
+        offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
+        in_range = (values >= self._low) & (offsets >= 0) & (offsets < len(self._bitmap))
+        found = np.zeros(len(values), dtype=bool)
+        found[in_range] = self._bitmap[offsets[in_range]]
+        return pa.Table.from_batches([batch.filter(pa.array(~found))])
 
 
 def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pyarrow as pa
+import pytest
+
 from resources.lsm import LsmTable, merged_read
 from resources.lsm.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
@@ -56,3 +59,18 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     # Capacity 2: the oldest projection was dropped, the first set is read again.
     assert cache.resolved(snapshot, everything) is not first
     assert cache.resolved(snapshot, everything).equals(first)
+
+
+@pytest.mark.parametrize("pending", [
+    [5, 6, 7, 1000],                      # a narrow range: the bitmap
+    [-3, 0, 2, 9],                        # negative keys
+    [-(2**63), 0, 2**63 - 1],             # a range too wide for a bitmap: Arrow's hash set
+    [],
+])
+def test_key_filter_drops_exactly_the_pending_keys(pending):
+    base = pa.record_batch({"id": pa.array([-(2**63), -3, -1, 0, 5, 8, 1000, 2**63 - 1, 7], pa.int64()),
+                            "v": pa.array(range(9), pa.int64())})
+    keys = pa.table({"id": pa.array(pending, pa.int64())})
+    kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
+    assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
+    assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9)) if k not in pending]
