@@ -407,10 +407,10 @@ ONE_CALL_FOR_ALL_FILES = {"platform-backlog"}
 
 # Driver-side steps of ``ingest_landing_files``, timed for the platform's profile.
 INGEST_PHASES = {
-    "_write_here": "Spark stage job: read + validate + route files, collect blocks to the driver, "
-                   "write through the open writers",
-    "_write_in_tasks": "Spark write job: read + validate + route files, shuffle blocks by shard, "
-                       "write tasks (put + close)",
+    "_write_here": "Spark stage job: read + validate + route + stage files, then the driver "
+                   "writes the staged files through the open writers",
+    "_write_in_tasks": "Spark write job: read + validate + route + stage files, route staged files "
+                       "by shard, write tasks (put + close)",
 }
 
 

@@ -202,7 +202,8 @@ class SparkRun:
 
 # Driver-side steps of ingest_landing_files, wrapped with timers for the profile.
 _PHASES = {
-    "_write_in_tasks": "write job: read + validate + route files, shuffle blocks by shard, write tasks (put + close)",
+    "_write_in_tasks": "write job: read + validate + route + stage files, route staged files by shard, "
+                       "write tasks (put + close)",
     "_quarantine": "quarantine job (files with bad rows staged again)",
 }
 
@@ -344,19 +345,21 @@ def stage_profile(event_dir: Path, run: SparkRun) -> list[dict]:
 
 # Where Spark's Python workers spend wall time, by the first of these frames on the stack.
 _WORKER_FRAMES = [
-    ("_write_partition", [("ShardWriter.close", "write task: close writer (flush MemTable)"),
-                          ("ShardWriter.put", "write task: put (durable WAL)"),
-                          ("ShardWriter.delete", "write task: delete (durable WAL)"),
-                          ("resolve_ordered_changes", "write task: resolve newest-wins"),
-                          ("ShardRouter.buckets", "write task: check shard of every row"),
-                          ("_decode_blocks", "write task: receive + decode blocks"),
-                          ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
-                          ("LsmTable.open", "write task: open table"),
-                          ("", "write task: other")]),
+    # Write tasks run each shard in a thread of its own: match those threads' frames first.
+    ("ShardWriter.close", [("", "write task: close writer (flush MemTable)")]),
+    ("_write_shard", [("ShardWriter.put", "write task: put (durable WAL)"),
+                      ("ShardWriter.delete", "write task: delete (durable WAL)"),
+                      ("resolve_ordered_changes", "write task: resolve newest-wins"),
+                      ("ShardRouter.buckets", "write task: check shard of every row"),
+                      ("_read_staged", "write task: read staged files"),
+                      ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
+                      ("", "write task: other")]),
+    ("_write_partition", [("LsmTable.open", "write task: open table"), ("", "write task: waiting for its shards")]),
     ("_stage_files", [("read_landing_file", "stage task: read file"),
                       ("validate_changes", "stage task: validate"),
                       ("LsmTable.buckets", "stage task: bucket hash"),
-                      ("_blocks_by_bucket", "stage task: sort + IPC-encode blocks"),
+                      ("_rows_by_bucket", "stage task: sort by bucket and _seq"),
+                      ("_StagedFiles", "stage task: write staged files"),
                       ("", "stage task: other")]),
     # A task's function is running but not in our code (idle workers wait elsewhere).
     ("invoke_udf.<locals>.process", [("", "worker: Arrow I/O with the JVM")]),
@@ -561,7 +564,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="change rows in the stream")
     parser.add_argument("--batch-size", type=int, default=10_000, help="rows per landing file (micro-batch)")
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=3, help="warm (a)+(b) rounds after the cold one")
+    parser.add_argument("--repeat", type=int, default=5, help="warm (a)+(b) rounds after the cold one")
     parser.add_argument("--merge-batches", type=int, default=25, help="micro-batches (c) runs before extrapolating")
     parser.add_argument("--json", default=str(RESULTS / "ingest.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "ingest.md"))

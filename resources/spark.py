@@ -33,9 +33,6 @@ def spark_conf(master: str) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",  # keep one partition per shard
         # The lance_lsm source pushes filters; Spark refuses it unless this is on.
         "spark.sql.python.filterPushdown.enabled": "true",
-        # Ingestion hands each write task its shard's staged Arrow blocks; a
-        # batch is cut at 10k rows by default, which for blocks means no bound.
-        "spark.sql.execution.arrow.maxBytesPerBatch": str(64 << 20),
     }
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 _ROW = "__lsm_row"
 
@@ -20,5 +19,6 @@ def keep_last_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
     last = numbered.select([*primary_key, _ROW]).group_by(primary_key, use_threads=False).aggregate(
         [(_ROW, "max")]
     )
-    winners = last[f"{_ROW}_max"]
-    return table.take(winners.take(pc.array_sort_indices(winners)))
+    keep = np.zeros(table.num_rows, dtype=bool)
+    keep[last[f"{_ROW}_max"].to_numpy()] = True  # a mask keeps the order without sorting the winners
+    return table.filter(pa.array(keep))

@@ -41,7 +41,9 @@ Orphan generation directories
     Directories the shard manifest does not list whose newest file is older
     than ``orphan_grace_seconds``. A flush writes its directory before it
     publishes it in the manifest, so a young unlisted directory may be a
-    flush in progress.
+    flush in progress. Spark ingestion's staging directories
+    (``_lsm_ingest/staging/``) count here too: an ingestion deletes its own
+    when it ends, so one older than the grace was left by a crash.
 
 Deletions go through ``pyarrow.fs`` (the table's :class:`TableStorage`), so
 the same code runs against object stores. A crash midway leaves only
@@ -59,6 +61,7 @@ import lance
 import pyarrow.fs as pafs
 
 from .compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
+from .landing import STAGING_DIR
 from .shard_manifest import (decode_shard_manifest, list_generation_dirs, list_wal_entries,
                              parse_position, read_shard_manifest, shard_dir)
 from .storage import TableStorage
@@ -129,6 +132,7 @@ def collect_garbage(table: "LsmTable", *, orphan_grace_seconds: float = DEFAULT_
         generations += _delete_compacted_generations(storage, shard_id, listed, present, bounds[shard_id])
         orphans += _delete_orphans(storage, shard_id, listed, present, now_ns - int(orphan_grace_seconds * 1e9))
         wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_grace_seconds * 1e9))
+    orphans += _delete_stale_staging(storage, now_ns - int(orphan_grace_seconds * 1e9))
     return GcResult(generations, wal, orphans, versions, time.monotonic() - started)
 
 
@@ -222,17 +226,26 @@ def _settled_replay_position(storage: TableStorage, shard_id: str, settled_befor
 
 def _delete_orphans(storage: TableStorage, shard_id: str, listed: GenerationDirs,
                     present: GenerationDirs, written_before_ns: int) -> Reclaimed:
-    """Delete unlisted generation directories last written before the cut-off.
+    """Delete unlisted generation directories last written before the cut-off."""
+    listed_dirs = {d for _, d in listed}
+    unlisted = [f"{shard_dir(shard_id)}/{d}" for _, d in present if d not in listed_dirs]
+    return _delete_dirs_written_before(storage, unlisted, written_before_ns)
+
+
+def _delete_stale_staging(storage: TableStorage, written_before_ns: int) -> Reclaimed:
+    """Delete staging directories of ingestions that crashed (last written before the cut-off)."""
+    runs = [f"{STAGING_DIR}/{entry.name}" for entry in storage.list_dir(STAGING_DIR)]
+    return _delete_dirs_written_before(storage, runs, written_before_ns)
+
+
+def _delete_dirs_written_before(storage: TableStorage, paths: list[str], written_before_ns: int) -> Reclaimed:
+    """Delete each directory whose newest file (or itself, if empty) was written before the cut-off.
 
     A directory whose age cannot be told (a store without modification
     times) is kept.
     """
-    listed_dirs = {d for _, d in listed}
     reclaimed = Reclaimed()
-    for _, directory in present:
-        path = f"{shard_dir(shard_id)}/{directory}"
-        if directory in listed_dirs:
-            continue
+    for path in paths:
         files = _files_under(storage, path)
         mtimes = [storage.fs.get_file_info(storage.path(path)).mtime_ns] + [f.mtime_ns for f in files]
         known = [m for m in mtimes if m is not None]

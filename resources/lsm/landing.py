@@ -25,6 +25,8 @@ from .storage import TableStorage
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LEDGER_DIR = "_lsm_ingest/files"
+STAGING_DIR = "_lsm_ingest/staging"
+"""Where Spark ingestion stages routed rows between its read and write tasks, one directory per call."""
 
 
 class UnreadableFileError(ValueError):
@@ -75,7 +77,7 @@ def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
     kind = FORMATS.get(os.path.splitext(path)[1].lower())
     try:
         if kind == "parquet":
-            return pq.read_table(path), []
+            return pq.ParquetFile(path).read(), []
         if kind == "csv":
             return _read_csv(path), []
         if kind == "json":

@@ -2,30 +2,36 @@
 
 Pipeline (one call to :func:`ingest_landing_files`)::
 
-    file positions ──mapInArrow(stage)──▶ per file: one block per bucket (Arrow
-        │                                 IPC of its good rows, sorted by _seq),
-        │                                 one row per rejection; its row counts
-        │                                 go to an accumulator
-        └─ blocks ──repartitionById(bucket)──sortWithinPartitions(file)
-                  ──mapInArrow(write)──▶ per-shard stats (the only thing collected)
-    files with rejections only: stage again ──▶ rejected rows ──▶ quarantine
-                                  (JSON Lines: file, row, reason, record)
+    file positions ──mapInArrow(stage)──▶ per task: one staged Arrow file per bucket
+        │                                 (good rows of its files, file after file,
+        │                                 each file's sorted by _seq) in the run's
+        │                                 staging directory; a row per staged file and
+        │                                 per rejected row; each file's row counts go
+        │                                 to an accumulator
+        └─ staged files ──repartitionById(bucket % tasks)──mapInArrow(write)──▶
+                  per-shard stats (the only thing collected)
+    files with rejections only: stage again, without staged files ──▶ rejected
+                                  rows ──▶ quarantine (JSON Lines: file, row, reason, record)
 
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.changes.validate_changes`); the bucket comes from
-Lance's hash (:meth:`LsmTable.buckets`). Spark moves and orders whole blocks,
-not rows: converting every row to a Spark row, caching, shuffling, sorting
-and converting it back made ingestion ~5x slower (see benchmarks/ingest.py).
-Partition ``b`` holds exactly bucket ``b``, so one task writes each shard;
-that task writes through the shard writer it opens (claim + replay) and
-closes (flush) itself. Its rows arrive in newest-wins order (file, then
-``_seq``, then row), so it resolves each chunk by position
-(:meth:`LsmTable.write_shard_ordered`). Staging runs inside the write job,
-nothing is cached: the counts per file come back in a Spark accumulator, and
-only files with bad rows are staged a second time, to quarantine those rows
-(caching every staged block for that cost more than it saved). The driver
-records a file in the ledger only after the write job, and the quarantine of
-its bad rows, succeeded.
+Lance's hash (:meth:`LsmTable.buckets`). Spark routes and orders references
+to staged files; the rows themselves go from the task that read them to the
+task that writes their shard through the table's storage
+(``_lsm_ingest/staging/``), never through the JVM. Converting every row to
+a Spark row made ingestion ~5x slower, and even shuffling them as Arrow
+blocks cost more than the writes (see benchmarks/ingest.py). There is one
+write task per core; partition ``t`` holds the buckets ``b`` with
+``b % tasks == t``, so exactly one task writes each shard. The task writes
+its shards in parallel threads, through shard writers it opens (claim +
+replay) and closes (flush) itself, each shard's staged files in file order.
+Rows arrive in newest-wins order (file, then ``_seq``, then row), so each
+chunk is resolved by position (:meth:`LsmTable.write_shard_ordered`).
+Only files with bad rows are staged a second time, to quarantine those rows.
+The driver records a file in the ledger only after the write job, and the
+quarantine of its bad rows, succeeded; it deletes the staging directory when
+the call ends, and :func:`~resources.lsm.gc.collect_garbage` deletes one a
+crash left behind.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -43,20 +49,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .changes import Rejection, validate_changes
-from .landing import (IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
+from .landing import (STAGING_DIR, IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
                       new_ledger_entry, read_landing_file)
 from .schema import SEQ_COLUMN
+from .storage import TableStorage
 from .table import LsmTable, ShardTotals, ShardWriteCount
 
 _ORDER, _FILE = "__order", "__file"
-_BUCKET, _BLOCK, _ROW, _REASON, _RECORD = "__bucket", "__block", "__row", "__reason", "__record"
+_BUCKET, _PATH, _ROW, _REASON, _RECORD = "__bucket", "__path", "__row", "__reason", "__record"
+_TASK = "__task"
 
-# One staged row is one of: a block of the file's good rows for one bucket
-# (_BUCKET, _BLOCK), or a rejected row (_ROW, _REASON, _RECORD). Columns of
-# the other kind are null.
+# One staged row is one of: a staged file of one bucket's good rows, from the
+# landing files of one task starting at _ORDER (_BUCKET, _PATH relative to
+# the table root), or a rejected row of landing file _ORDER (_FILE, _ROW,
+# _REASON, _RECORD). Columns of the other kind are null.
 _STAGED_SCHEMA = pa.schema([
     (_ORDER, pa.int32()), (_FILE, pa.string()),
-    (_BUCKET, pa.int32()), (_BLOCK, pa.binary()),
+    (_BUCKET, pa.int32()), (_PATH, pa.string()),
     (_ROW, pa.int64()), (_REASON, pa.string()), (_RECORD, pa.string()),
 ])
 
@@ -135,15 +144,20 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
     counts = spark.sparkContext.accumulator({}, _PerFileCounts())
-    staged = _stage(spark, table, files, counts)
-    shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
-    per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
-    rows_quarantined = sum(per_file[f.order][1] for f in files)
-    quarantine_path = None
-    if rows_quarantined:
-        quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
-        _quarantine(_stage(spark, table, [f for f in files if per_file[f.order][1]], counts), quarantine_path)
-    counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
+    staging = f"{STAGING_DIR}/run={run_id}-{uuid.uuid4().hex[:8]}"  # one per call, even in a long run
+    try:
+        staged = _stage(spark, table, files, counts, staging)
+        shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
+        per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
+        rows_quarantined = sum(per_file[f.order][1] for f in files)
+        quarantine_path = None
+        if rows_quarantined:
+            quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
+            _quarantine(_stage(spark, table, [f for f in files if per_file[f.order][1]], counts, None),
+                        quarantine_path)
+    finally:
+        counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
+        TableStorage(table.uri).delete_dir(staging)
 
     ledger = IngestLedger(table_uri)
     for f in files:
@@ -177,10 +191,12 @@ class _PerFileCounts:
         return counts
 
 
-def _stage(spark, table: LsmTable, files: list[LandingFile], counts):
-    """Staged rows of ``files`` (blocks, rejected rows), computed by the job that reads them.
+def _stage(spark, table: LsmTable, files: list[LandingFile], counts, staging: str | None):
+    """Staged rows of ``files`` (staged files, rejected rows), computed by the job that reads them.
 
-    Each file's (rows, rejected rows) is added to the accumulator ``counts``.
+    Good rows go to staged files under ``staging`` (relative to the table
+    root); ``None`` stages the rejected rows only. Each file's (rows,
+    rejected rows) is added to the accumulator ``counts``.
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -189,7 +205,7 @@ def _stage(spark, table: LsmTable, files: list[LandingFile], counts):
     listing = [(f.order, f.name, f.path) for f in files]
     positions = spark.range(len(files), numPartitions=min(len(files), spark.sparkContext.defaultParallelism))
     uri = table.uri
-    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri, counts),
+    return positions.mapInArrow(lambda batches: _stage_files(batches, listing, uri, staging, counts),
                                 from_arrow_schema(_STAGED_SCHEMA))
 
 
@@ -207,97 +223,145 @@ def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
     from pyspark.sql import functions as F
 
     started = time.monotonic()
-    # Blocks are few (files x buckets): fetch them and order by shard, then file, here.
-    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BUCKET, _BLOCK).toArrow() \
-        .sort_by([(_BUCKET, "ascending"), (_ORDER, "ascending")])
-    by_shard = {table.shard_ids[b]: blocks.filter(pc.equal(blocks[_BUCKET], b))
-                for b in pc.unique(blocks[_BUCKET]).to_pylist()}
-    with ThreadPoolExecutor(max_workers=max(1, len(by_shard)), thread_name_prefix="lsm-ingest") as pool:
-        written = list(pool.map(
-            lambda shard_id: _write_shard(table, shard_id, _decode_blocks(by_shard[shard_id].to_batches())),
-            by_shard))
-    wal_bytes = {s: stats.get("wal_flush_bytes", 0) for s, stats in table.writer_stats().items()}
-    elapsed = time.monotonic() - started
-    return [ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
-            for w in sorted(written, key=lambda w: w.shard_id)]
+    listed = staged.filter(F.col(_PATH).isNotNull()).select(_ORDER, _BUCKET, _PATH).toArrow()  # a row per file
+    written = _write_staged(table, listed)
+    return _shard_stats(table, written, time.monotonic() - started)
 
 
 def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
-    """Write the good rows from Spark tasks, one task per shard (batch mode)."""
+    """Write the good rows from Spark tasks, each shard by exactly one task (batch mode)."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    blocks = staged.filter(F.col(_BLOCK).isNotNull()).select(_ORDER, _BUCKET, _BLOCK)
-    # Partition = bucket exactly: one shard per task, and no sampling job (a
-    # range partitioner sampled the data first and could pair two shards).
-    ordered = blocks.repartitionById(table.num_shards, _BUCKET).sortWithinPartitions(_ORDER)
+    # One task per core, each writing its shards in parallel threads, so that
+    # one shard's waits (WAL flushes, the final MemTable flush) overlap
+    # another's work, instead of the shards queueing for the cores in rounds.
+    tasks = min(table.num_shards, staged.sparkSession.sparkContext.defaultParallelism)
+    listed = staged.filter(F.col(_PATH).isNotNull()).select(_ORDER, _BUCKET, _PATH) \
+        .withColumn(_TASK, F.col(_BUCKET) % tasks)
+    # Partition = task exactly: no sampling job, and no shard split between tasks.
+    partitions = listed.repartitionById(tasks, _TASK).drop(_TASK)
     uri = table.uri
-    rows = ordered.mapInArrow(lambda batches: _write_partition(batches, uri),
-                              from_arrow_schema(_STATS_SCHEMA)).collect()
+    rows = partitions.mapInArrow(lambda batches: _write_partition(batches, uri),
+                                 from_arrow_schema(_STATS_SCHEMA)).collect()
     return [ShardIngestStats(**row.asDict()) for row in rows]
 
 
 # --------------------------------------------------------------- executor side
 
-def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str, counts):
-    """Read, validate and route the listed files at the batches' positions (runs in a Spark task)."""
+def _stage_files(batches, listing: list[tuple[int, str, str]], uri: str, staging: str | None, counts):
+    """Read, validate and route the listed files at the batches' positions (runs in a Spark task).
+
+    Yields each file's rejected rows as it goes, then this task's staged files.
+    """
+    from pyspark import TaskContext
+
     table = LsmTable.open(uri)
-    for batch in batches:
-        for position in batch.column(0).to_pylist():
-            order = listing[position][0]
-            staged, rows_and_rejected = _stage_one_file(table, *listing[position])
-            counts.add({order: rows_and_rejected})
-            yield staged
+    task = TaskContext.get()
+    staged = _StagedFiles(TableStorage(uri), staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
+    first_order = None
+    try:
+        for batch in batches:
+            for position in batch.column(0).to_pylist():
+                order, name, path = listing[position]
+                first_order = order if first_order is None else first_order
+                parts, rejected, rows_and_rejected = _stage_one_file(table, order, name, path)
+                for bucket, rows in parts:
+                    staged.append(bucket, rows)
+                counts.add({order: rows_and_rejected})
+                if rejected.num_rows:
+                    yield rejected
+    finally:
+        files = staged.close()
+    yield _staged_rows(len(files), {_ORDER: [first_order] * len(files), _BUCKET: [b for b, _ in files],
+                                    _PATH: [p for _, p in files]})
 
 
-def _stage_one_file(table: LsmTable, order: int, name: str, path: str) -> tuple[pa.RecordBatch, tuple[int, int]]:
+class _StagedFiles:
+    """One Arrow IPC stream per bucket under ``directory``, written by one stage task attempt.
+
+    ``directory`` ``None`` stages nothing (the quarantine pass needs only the rejected rows).
+    """
+
+    def __init__(self, storage: TableStorage, directory: str | None, prefix: str) -> None:
+        self._storage, self._directory, self._prefix = storage, directory, prefix
+        self._open: dict[int, tuple[str, pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
+
+    def append(self, bucket: int, rows: pa.Table) -> None:
+        if self._directory is None:
+            return
+        if bucket not in self._open:
+            if not self._open:
+                self._storage.fs.create_dir(self._storage.path(self._directory), recursive=True)
+            path = f"{self._directory}/{self._prefix}-bucket-{bucket:05d}.arrows"
+            sink = self._storage.fs.open_output_stream(self._storage.path(path))
+            self._open[bucket] = (path, sink, pa.ipc.new_stream(sink, rows.schema))
+        self._open[bucket][2].write_table(rows)
+
+    def close(self) -> list[tuple[int, str]]:
+        """Close every file; return (bucket, path) of each, in bucket order."""
+        for _, sink, writer in self._open.values():
+            writer.close()
+            sink.close()
+        return sorted((bucket, path) for bucket, (path, _, _) in self._open.items())
+
+
+def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Table]:
+    """The rows of staged files, in order, a batch at a time."""
+    for path in paths:
+        with storage.fs.open_input_stream(storage.path(path)) as source:
+            for batch in pa.ipc.open_stream(source):
+                yield pa.Table.from_batches([batch])
+
+
+def _stage_one_file(table: LsmTable, order: int, name: str,
+                    path: str) -> tuple[list[tuple[int, pa.Table]], pa.RecordBatch, tuple[int, int]]:
+    """One file's good rows by bucket, its rejected rows (staged rows) and its (rows, rejected rows)."""
     try:
         raw, rejections = read_landing_file(path)
     except UnreadableFileError as exc:
-        return _staged_file(order, name, 0, [], [Rejection(-1, str(exc))], None)
+        return [], _rejected_rows(order, name, [Rejection(-1, str(exc))], None), (1, 1)
     try:
         validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
     except ValueError as exc:  # e.g. a key column missing from the whole file
-        return _staged_file(order, name, 0, [], [Rejection(r, str(exc)) for r in range(raw.num_rows)], raw)
+        everything = [Rejection(r, str(exc)) for r in range(raw.num_rows)]
+        return [], _rejected_rows(order, name, everything, raw), (raw.num_rows, raw.num_rows)
     # A JSON line that failed to parse was read as an empty row, which
     # validation rejects for its null key; the parse error explains it better.
     rejected = {r.row: r for r in validated.rejections}
     rejected.update({r.row: r for r in rejections})
     good = validated.valid
-    return _staged_file(order, name, good.num_rows, _blocks_by_bucket(table, good),
-                         sorted(rejected.values(), key=lambda r: r.row), raw)
+    rejected_rows = _rejected_rows(order, name, sorted(rejected.values(), key=lambda r: r.row), raw)
+    return _rows_by_bucket(table, good), rejected_rows, (good.num_rows + len(rejected), len(rejected))
 
 
-def _blocks_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, bytes]]:
-    """Good rows (in file order) as one Arrow IPC stream per bucket, each sorted by ``_seq``.
+def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table]]:
+    """Good rows (in file order) split by bucket, each part sorted by ``_seq``.
 
     The sort is stable, so rows with equal ``_seq`` keep their file order:
-    the write task lets the later of them win. A block's row order is its
+    the write task lets the later of them win. A part's row order is its
     newest-wins order, so ``_seq`` itself is left out.
     """
     if not good.num_rows:
         return []
     buckets = table.buckets(good.select(table.primary_key))
-    keys = pa.table({_BUCKET: buckets, SEQ_COLUMN: good[SEQ_COLUMN]})
-    order = pc.sort_indices(keys, sort_keys=[(_BUCKET, "ascending"), (SEQ_COLUMN, "ascending")])
-    ordered, ordered_buckets = good.drop_columns([SEQ_COLUMN]).take(order), buckets[order.to_numpy()]
+    order = np.lexsort((good[SEQ_COLUMN].to_numpy(), buckets))  # by bucket, then _seq; stable
+    ordered, ordered_buckets = good.drop_columns([SEQ_COLUMN]).take(order), buckets[order]
     values, starts = np.unique(ordered_buckets, return_index=True)
     ends = [*starts[1:], good.num_rows]
-    return [(int(b), _to_ipc(ordered.slice(start, end - start))) for b, start, end in zip(values, starts, ends)]
+    return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends)]
 
 
-def _staged_file(order: int, name: str, good_rows: int, blocks: list[tuple[int, bytes]],
-                 rejections: list[Rejection], raw: pa.Table | None) -> tuple[pa.RecordBatch, tuple[int, int]]:
-    """One file's staged rows (its blocks, its rejected rows) and its (rows, rejected rows)."""
-    kinds = [
-        (len(blocks), {_BUCKET: [b for b, _ in blocks], _BLOCK: [block for _, block in blocks]}),
-        (len(rejections), {_FILE: [name] * len(rejections), _ROW: [r.row for r in rejections],
-                           _REASON: [r.reason for r in rejections], _RECORD: _records(raw, rejections)}),
-    ]
-    columns = {f.name: [v for n, kind in kinds for v in kind.get(f.name, [None] * n)] for f in _STAGED_SCHEMA}
-    columns[_ORDER] = [order] * len(columns[_ORDER])
-    staged = pa.RecordBatch.from_pydict(columns, schema=_STAGED_SCHEMA)
-    return staged, (good_rows + len(rejections), len(rejections))
+def _rejected_rows(order: int, name: str, rejections: list[Rejection], raw: pa.Table | None) -> pa.RecordBatch:
+    return _staged_rows(len(rejections), {
+        _ORDER: [order] * len(rejections), _FILE: [name] * len(rejections), _ROW: [r.row for r in rejections],
+        _REASON: [r.reason for r in rejections], _RECORD: _records(raw, rejections)})
+
+
+def _staged_rows(num_rows: int, columns: dict[str, list]) -> pa.RecordBatch:
+    """``num_rows`` staged rows with ``columns``; the other columns null."""
+    return pa.RecordBatch.from_pydict({f.name: columns.get(f.name, [None] * num_rows) for f in _STAGED_SCHEMA},
+                                      schema=_STAGED_SCHEMA)
 
 
 def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
@@ -308,46 +372,51 @@ def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | No
     return [json.dumps(row, default=str) for row in rows]
 
 
-def _to_ipc(rows: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as writer:
-        writer.write_table(rows)
-    return sink.getvalue().to_pybytes()
-
-
-def _decode_blocks(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
-    """The blocks of staged batches (a ``_BLOCK`` column), decoded, in order."""
-    for batch in batches:
-        for block in batch.column(_BLOCK):
-            yield pa.ipc.open_stream(block.as_buffer()).read_all()
-
-
 def _write_partition(batches, uri: str):
-    """Write one partition's blocks (bucket = partition, in file order) through its shard writer (runs in a Spark task)."""
-    from pyspark import TaskContext
-
-    table = LsmTable.open(uri)
-    shard_id = table.shard_ids[TaskContext.get().partitionId()]
+    """Write the staged files of one partition's shards through writers this task opens and closes (runs in a Spark task)."""
+    listed = pa.Table.from_batches(list(batches), schema=pa.schema([_STAGED_SCHEMA.field(c)
+                                                                    for c in (_ORDER, _BUCKET, _PATH)]))
     started = time.monotonic()
+    table = LsmTable.open(uri)
     try:
-        written = _write_shard(table, shard_id, _decode_blocks(batches))
-        wal_bytes = table.writer_stats().get(shard_id, {}).get("wal_flush_bytes", 0)
+        written = _write_staged(table, listed)
+        wal_bytes = _wal_bytes(table)
     finally:
-        table.close()
-    elapsed = time.monotonic() - started
-    yield pa.RecordBatch.from_pylist([
-        {"shard_id": shard_id, "upserts": written.upserts, "deletes": written.deletes, "wal_bytes": wal_bytes,
-         "write_seconds": elapsed}
-    ] if written.upserts or written.deletes else [], schema=_STATS_SCHEMA)
+        table.close()  # flushes every MemTable, in parallel
+    yield pa.RecordBatch.from_pylist([asdict(s) for s in _shard_stats(table, written, time.monotonic() - started,
+                                                                      wal_bytes)], schema=_STATS_SCHEMA)
 
 
-def _write_shard(table: LsmTable, shard_id: str, blocks: Iterable[pa.Table]) -> ShardWriteCount:
-    """Write one shard's blocks, in order, in chunks of at most a MemTable's rows; return the totals.
+def _write_staged(table: LsmTable, listed: pa.Table) -> list[ShardWriteCount]:
+    """Write the staged files ``listed`` (_ORDER, _BUCKET, _PATH), one thread per shard, each shard in file order."""
+    listed = listed.sort_by([(_BUCKET, "ascending"), (_ORDER, "ascending")])
+    paths = {table.shard_ids[b]: listed.filter(pc.equal(listed[_BUCKET], b))[_PATH].to_pylist()
+             for b in pc.unique(listed[_BUCKET]).to_pylist()}
+    storage = TableStorage(table.uri)
+    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
+        return list(pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])),
+                             paths))
+
+
+def _wal_bytes(table: LsmTable) -> dict[str, int]:
+    return {shard_id: stats.get("wal_flush_bytes", 0) for shard_id, stats in table.writer_stats().items()}
+
+
+def _shard_stats(table: LsmTable, written: list[ShardWriteCount], elapsed: float,
+                 wal_bytes: dict[str, int] | None = None) -> list[ShardIngestStats]:
+    """Stats of the shards that got rows; ``elapsed`` is the time their writing took, together."""
+    wal_bytes = _wal_bytes(table) if wal_bytes is None else wal_bytes
+    return [ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
+            for w in sorted(written, key=lambda w: w.shard_id) if w.upserts or w.deletes]
+
+
+def _write_shard(table: LsmTable, shard_id: str, parts: Iterable[pa.Table]) -> ShardWriteCount:
+    """Write one shard's rows (tables, in order), in chunks of at most a MemTable's rows; return the totals.
 
     Each chunk is durable in the shard's WAL before the next one is read.
     """
     upserts = deletes = 0
-    for chunk in _chunks(blocks, table.max_rows_per_put):
+    for chunk in _chunks(parts, table.max_rows_per_put):
         written = table.write_shard_ordered(shard_id, chunk)
         upserts, deletes = upserts + written.upserts, deletes + written.deletes
     return ShardWriteCount(shard_id, upserts, deletes)

@@ -45,6 +45,11 @@ class TableStorage:
             for info in self.fs.get_file_info(selector)
         ]
 
+    def delete_dir(self, relative: str) -> None:
+        """Delete a directory and everything below it; nothing if it does not exist."""
+        if self.exists(relative):
+            self.fs.delete_dir(self.path(relative))
+
     def write_bytes_atomic(self, relative: str, data: bytes) -> None:
         """Write a file so that readers see either nothing or all of it.
 

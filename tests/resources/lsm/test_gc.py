@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import lance
 import pyarrow as pa
@@ -13,6 +14,7 @@ import pyarrow as pa
 from resources.lsm import LsmTable, merged_read
 from resources.lsm.changegen import ChangeStreamSpec, generate_changes
 from resources.lsm.compaction_marker import read_compacted_generations
+from resources.lsm.landing import STAGING_DIR
 from resources.lsm.schema import PRIMARY_KEY_METADATA, TOMBSTONE_COLUMN, empty_tail
 from resources.lsm.shard_manifest import list_generation_dirs, list_wal_entries
 from tests.helpers import rows_by_key
@@ -153,4 +155,20 @@ def test_gc_killed_midway_is_finished_by_the_next_run(tmp_path):
     assert_view(LsmTable.open(table.uri), batches)
     table.gc(**EVERYTHING)
     assert _generation_dirs(table) == set()
+    assert_view(table, batches)
+
+
+def test_staging_left_by_a_crashed_ingestion_is_kept_for_the_grace_period(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    staged = Path(table.uri, STAGING_DIR, "run=crashed-1234")
+    staged.mkdir(parents=True)
+    (staged / "part-00000-0-bucket-00000.arrows").write_bytes(b"x" * 100)
+
+    young = table.gc(orphan_grace_seconds=3600, wal_grace_seconds=0, older_than=None, retain_versions=1)
+    assert young.orphan_directories.count == 0 and staged.exists()
+
+    _backdate(str(staged), 7200)
+    old = table.gc(orphan_grace_seconds=3600, wal_grace_seconds=0, older_than=None, retain_versions=1)
+    assert old.orphan_directories.count == 1 and old.orphan_directories.bytes == 100
+    assert not staged.exists()
     assert_view(table, batches)

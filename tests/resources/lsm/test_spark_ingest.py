@@ -15,7 +15,7 @@ import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.changegen import EVENTS_SCHEMA, MALFORMED_KINDS, ChangeStreamSpec, replay, write_landing_files
-from resources.lsm.landing import IngestLedger
+from resources.lsm.landing import STAGING_DIR, IngestLedger
 from resources.lsm.spark_ingest import ingest_landing_files
 from tests.helpers import rows_by_key
 
@@ -53,6 +53,7 @@ def test_ingestion_of_mixed_files_equals_the_replay_oracle_and_reruns_are_noops(
     assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(report.files)
     # Each shard was written by exactly one task, which flushed and closed its writer.
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())
+    assert _staging_runs(table.uri) == [], "the run deletes its staged files"
 
     again = ingest_landing_files(spark, table.uri, str(tmp_path / "landing"), str(tmp_path / "quarantine"))
     assert again.files == () and _view(table) == replay(batches)
@@ -100,6 +101,11 @@ def _ingest_process(table_uri: str, landing: Path, quarantine: Path) -> subproce
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _staging_runs(table_uri: str) -> list[str]:
+    staging = Path(table_uri, STAGING_DIR)
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
 def _wal_entries(table_uri: str) -> int:
     return sum(1 for _ in Path(table_uri, "_mem_wal").glob("*/wal/*.arrow"))
 
@@ -117,9 +123,14 @@ def test_sigkill_mid_ingestion_then_rerun_equals_the_oracle(spark, make_table, t
         time.sleep(0.02)
     os.killpg(child.pid, signal.SIGKILL)  # driver, JVM and Python workers at once
     assert child.wait() == -signal.SIGKILL, "ingestion finished before the kill; use more data"
+    left_behind = _staging_runs(table.uri)
+    assert len(left_behind) == 1, "the killed run had staged its files"
 
     ingest_landing_files(spark, table.uri, str(tmp_path / "landing"), str(tmp_path / "quarantine"))
     reopened = LsmTable.open(table.uri)
     assert _view(reopened) == replay(batches)
+    assert _staging_runs(table.uri) == left_behind, "a run deletes only its own staged files"
+    assert reopened.gc(orphan_grace_seconds=0, older_than=None).orphan_directories.count >= 1
+    assert _staging_runs(table.uri) == [] and _view(reopened) == replay(batches)
     assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(
         p.name for p in (tmp_path / "landing").glob("*.parquet"))
