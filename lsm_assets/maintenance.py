@@ -101,13 +101,14 @@ def merge_shards(context, table: LsmTable, shard: str | None, config: MergeConfi
     base is joined against once per pass, not once per shard.
     """
     result = table.compact(shard, max_rows_per_pass=config.max_rows_per_pass)
+    bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
     for merged in result.shards:
         context.log.info(
-            f"shard {table.shard_ids.index(merged.shard_id)}: merged generations {list(merged.generations_merged)} "
+            f"shard {bucket[merged.shard_id]}: merged generations {list(merged.generations_merged)} "
             f"in {merged.passes} commits ({merged.rows_upserted} upserted, {merged.deletes_applied} deletes "
             f"applied); {merged.pending_generations} pending")
     context.log.info(f"{result.rows_deleted} base rows deleted in {result.elapsed_seconds:.2f}s")
-    return {table.shard_ids.index(merged.shard_id): _merge_metadata(merged) for merged in result.shards}
+    return {bucket[merged.shard_id]: _merge_metadata(merged) for merged in result.shards}
 
 
 def _merge_metadata(shard: ShardCompaction) -> dict:

@@ -242,7 +242,7 @@ def compact(table: "LsmTable", shard_ids: Sequence[str], *,
         raise ValueError(f"unknown shards {sorted(unknown)}; the table has {table.shard_ids}")
     started = time.monotonic()
     # Targets are fixed now: generations flushed during the call wait for the next one.
-    targets = {s: _shard_state(table, s).pending_generations for s in shard_ids}
+    targets = {s: state.pending_generations for s, state in _shard_states(table, shard_ids).items()}
     tallies = {s: _ShardTally() for s in shard_ids}
     rows_deleted = 0
     while True:
@@ -260,7 +260,8 @@ def compact(table: "LsmTable", shard_ids: Sequence[str], *,
         rows_deleted += stats["num_deleted_rows"]
         for shard_pass in passes:  # merge_insert moved ``base`` to its commit
             tallies[shard_pass.shard_id].committed(shard_pass, base.version)
-    shards = tuple(_shard_result(table, s, tallies[s], started) for s in shard_ids)
+    after = _shard_states(table, shard_ids)
+    shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
     tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
     return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
@@ -274,8 +275,7 @@ def _count_conflict(exc: OSError, tallies: list[_ShardTally]) -> None:
         tally.conflicts += 1
 
 
-def _shard_result(table: "LsmTable", shard_id: str, tally: _ShardTally, started: float) -> ShardCompaction:
-    after = _shard_state(table, shard_id)
+def _shard_result(shard_id: str, tally: _ShardTally, after: ShardState, started: float) -> ShardCompaction:
     return ShardCompaction(
         shard_id=shard_id, generations_merged=tuple(tally.generations), passes=tally.passes,
         rows_upserted=tally.rows_upserted, deletes_applied=tally.deletes_applied, conflicts=tally.conflicts,
@@ -287,11 +287,11 @@ def _shard_result(table: "LsmTable", shard_id: str, tally: _ShardTally, started:
     )
 
 
-def _shard_state(table: "LsmTable", shard_id: str) -> ShardState:
-    """The shard's state against the marker of the latest base version."""
+def _shard_states(table: "LsmTable", shard_ids: Sequence[str]) -> dict[str, ShardState]:
+    """Each shard's state against the markers of the latest base version (decoded once for all)."""
     compacted = read_compacted_generations(table._storage, table.dataset().version)
-    return load_shard_state(table._storage, shard_id, table.shard_ids.index(shard_id),
-                            compacted.get(shard_id, 0))
+    return {s: load_shard_state(table._storage, s, table.shard_ids.index(s), compacted.get(s, 0))
+            for s in shard_ids}
 
 
 def _read_passes(table: "LsmTable", todo: dict[str, Sequence[tuple[int, str]]],

@@ -8,9 +8,12 @@ find orphans of failed or fenced flushes, which must never be read.
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, Sequence
+
 import lance
 import pyarrow as pa
 
+from .dedup import keep_last_per_key
 from .shard_manifest import shard_dir
 
 
@@ -39,3 +42,22 @@ def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Ta
     includes ``_tombstone`` (``True`` marks a delete).
     """
     return generation.to_table(columns=columns.names, scan_in_order=True).cast(columns)
+
+
+def read_generations(table_uri: str, generations: Sequence[tuple[str, str]], columns: pa.Schema, *,
+                     storage_options: dict[str, str] | None = None, session: lance.Session | None = None,
+                     map: Callable = map) -> list[pa.Table]:
+    """The rows of each ``(shard_id, directory)`` generation (:func:`generation_rows`), in order.
+
+    ``map`` may be a thread pool's, to read several generations at once.
+    """
+    def read(generation: tuple[str, str]) -> pa.Table:
+        shard_id, directory = generation
+        return generation_rows(open_generation(table_uri, shard_id, directory, storage_options, session), columns)
+
+    return list(map(read, generations))
+
+
+def newest_per_key(levels: Iterable[pa.Table], columns: pa.Schema, primary_key: Sequence[str]) -> pa.Table:
+    """The newest change of every key over ``levels`` (oldest first, each shaped ``columns``)."""
+    return keep_last_per_key(pa.concat_tables([columns.empty_table(), *levels]), list(primary_key))

@@ -38,8 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
 
-from .dedup import keep_last_per_key
-from .generations import generation_rows, open_generation
+from .generations import newest_per_key, read_generations
 from .pk_bloom import GenerationFilters
 from .schema import TOMBSTONE_COLUMN, without_internal_columns
 from .shard_state import ShardState
@@ -189,8 +188,7 @@ def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:
     generations = cache.resolved(snapshot, shape)
     if not snapshot.tail.num_rows:
         return generations
-    return keep_last_per_key(pa.concat_tables([generations, snapshot.tail.select(shape.names)]),
-                             list(snapshot.primary_key))
+    return newest_per_key([generations, snapshot.tail.select(shape.names)], shape, snapshot.primary_key)
 
 
 class PendingGenerations:
@@ -218,13 +216,10 @@ class PendingGenerations:
                 self._entries.move_to_end(cache_key)
                 return hit
 
-        def read(generation: tuple[str, str]) -> pa.Table:
-            dataset = open_generation(snapshot.dataset.uri, *generation, snapshot.storage_options, snapshot.session)
-            return generation_rows(dataset, shape)
-
         # Each generation is a small Lance dataset: read them in parallel.
-        rows = pa.concat_tables([shape.empty_table(), *_readers().map(read, generations)])
-        resolved = keep_last_per_key(rows, list(snapshot.primary_key)).combine_chunks()
+        levels = read_generations(snapshot.dataset.uri, generations, shape, storage_options=snapshot.storage_options,
+                                  session=snapshot.session, map=_readers().map)
+        resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
         with self._lock:
             self._entries[cache_key] = resolved
             while len(self._entries) > self._capacity:

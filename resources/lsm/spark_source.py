@@ -66,8 +66,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from .compaction_marker import read_compacted_generations
-from .dedup import keep_last_per_key
-from .generations import generation_rows, open_generation
+from .generations import newest_per_key, read_generations
 from .merged_read import key_join
 from .schema import TOMBSTONE_COLUMN, empty_tail
 from .shard_manifest import list_wal_entries
@@ -200,12 +199,12 @@ class LsmReader(DataSourceReader):
     def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
         """Newest change per key of one shard's pending generations and WAL tail (with ``_tombstone``)."""
         columns = empty_tail(self.table_schema).schema
-        parts = [generation_rows(open_generation(self.uri, pin.shard_id, d, self.storage_options), columns)
-                 for d in pin.generations]
+        levels = read_generations(self.uri, [(pin.shard_id, d) for d in pin.generations], columns,
+                                  storage_options=self.storage_options)
         if pin.wal_up_to is not None:
-            parts.append(read_wal_tail(storage, pin.shard_id, pin.wal_after, self.table_schema,
-                                       self.primary_key, up_to_position=pin.wal_up_to))
-        return keep_last_per_key(pa.concat_tables([columns.empty_table(), *parts]), self.primary_key)
+            levels.append(read_wal_tail(storage, pin.shard_id, pin.wal_after, self.table_schema,
+                                        self.primary_key, up_to_position=pin.wal_up_to))
+        return newest_per_key(levels, columns, self.primary_key)
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from rows.select(self.columns).cast(self.output_schema).to_batches()
