@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .dedup import keep_last_per_key
+from .dedup import last_per_key
 from .schema import CHANGE_COLUMNS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT, CHANGE_OPS
 
 
@@ -145,10 +145,11 @@ def resolve_ordered_changes(ordered: pa.Table, schema: pa.Schema, primary_key: l
     ``ordered`` has the table's columns and ``_op``; any ``_seq`` is ignored.
     Deletes of keys that do not exist are kept; applying them is a no-op.
     """
-    winners = keep_last_per_key(ordered, primary_key)
-    is_delete = pc.equal(winners[OP_COLUMN], DELETE)
-    upserts = winners.filter(pc.invert(is_delete)).select(schema.names).cast(schema)
-    deletes = winners.filter(is_delete).select(primary_key)
+    winners = last_per_key(ordered, primary_key)
+    is_delete = pc.equal(ordered[OP_COLUMN], DELETE).to_numpy(zero_copy_only=False)
+    # Each side is copied out once, and only with the columns it keeps.
+    upserts = ordered.select(schema.names).filter(pa.array(winners & ~is_delete)).cast(schema)
+    deletes = ordered.select(primary_key).filter(pa.array(winners & is_delete))
     return ResolvedChanges(upserts=upserts, deletes=deletes)
 
 

@@ -15,10 +15,14 @@ def keep_last_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
     """
     if table.num_rows == 0:
         return table
-    numbered = table.append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    last = numbered.select([*primary_key, _ROW]).group_by(primary_key, use_threads=False).aggregate(
-        [(_ROW, "max")]
-    )
+    return table.filter(pa.array(last_per_key(table, primary_key)))
+
+
+def last_per_key(table: pa.Table, primary_key: list[str]) -> np.ndarray:
+    """For each row, whether it is the last row of its key (a boolean mask)."""
     keep = np.zeros(table.num_rows, dtype=bool)
-    keep[last[f"{_ROW}_max"].to_numpy()] = True  # a mask keeps the order without sorting the winners
-    return table.filter(pa.array(keep))
+    if table.num_rows:
+        numbered = table.select(primary_key).append_column(_ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
+        last = numbered.group_by(primary_key, use_threads=False).aggregate([(_ROW, "max")])
+        keep[last[f"{_ROW}_max"].to_numpy()] = True  # a mask keeps the order without sorting the winners
+    return keep
