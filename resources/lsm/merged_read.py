@@ -196,14 +196,15 @@ class PendingGenerations:
 
     A flushed generation never changes, so what one set of pending generations
     resolves to stays true until a flush adds a generation or a merge removes
-    some, which changes the set (the cache key) itself. The pending levels are
-    small (backpressure bounds them); at most ``capacity`` of these results
-    (different sets or projections) are kept, the least recently used dropped.
-    Safe to share between threads.
+    some, which changes the set (the cache key) itself. At most ``capacity``
+    of these results (different sets or projections) and ``max_bytes`` of
+    Arrow data are kept, the least recently used dropped first; a result
+    larger than ``max_bytes`` is not kept (wide vector columns). Safe to share
+    between threads.
     """
 
-    def __init__(self, capacity: int = 4) -> None:
-        self._capacity = capacity
+    def __init__(self, capacity: int = 4, max_bytes: int = 1 << 30) -> None:
+        self._capacity, self._max_bytes = capacity, max_bytes
         self._entries: OrderedDict[tuple, pa.Table] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -222,7 +223,8 @@ class PendingGenerations:
         resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
         with self._lock:
             self._entries[cache_key] = resolved
-            while len(self._entries) > self._capacity:
+            while self._entries and (len(self._entries) > self._capacity or
+                                     sum(t.nbytes for t in self._entries.values()) > self._max_bytes):
                 self._entries.popitem(last=False)
         return resolved
 

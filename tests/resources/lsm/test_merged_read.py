@@ -74,3 +74,15 @@ def test_key_filter_drops_exactly_the_pending_keys(pending):
     kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
     assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
     assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9)) if k not in pending]
+
+
+def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
+    table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    snapshot = table._snapshot(fresh=False)
+    shape = snapshot.tail.schema
+    tight = merged_read.PendingGenerations(max_bytes=1024)
+    first = tight.resolved(snapshot, shape)
+    assert first.nbytes > 1024 and tight.resolved(snapshot, shape) is not first
+    roomy = merged_read.PendingGenerations(max_bytes=first.nbytes)
+    kept = roomy.resolved(snapshot, shape)
+    assert roomy.resolved(snapshot, shape) is kept and kept.equals(first)
