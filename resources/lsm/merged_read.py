@@ -31,6 +31,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import lance
 import numpy as np
@@ -88,17 +89,21 @@ def _shard_snapshot(shard: ShardState, generations: tuple[tuple[int, str], ...])
     return snapshot
 
 
-def scan(snapshot: ReadSnapshot, columns: list[str], filter: str | None) -> pa.Table:
+def scan(dataset: lance.LanceDataset, primary_key: Sequence[str], pin_levels: Callable[[], ReadSnapshot],
+         columns: list[str], filter: str | None) -> pa.Table:
     """Rows of the merged view matching ``filter`` (Lance SQL), projected to ``columns``.
 
-    The filter applies to each key's newest version only: a base row is
-    dropped whenever its key has a pending change, matching or not.
+    ``dataset`` is the pinned base version; ``pin_levels`` pins the levels
+    above it (a :class:`ReadSnapshot` of ``dataset``) and runs while the base
+    scan starts. The filter applies to each key's newest version only: a base
+    row is dropped whenever its key has a pending change, matching or not.
     """
-    key = list(snapshot.primary_key)
+    key = list(primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    base = _BaseBatches(snapshot.dataset, wanted, filter)
+    base = _BaseBatches(dataset, wanted, filter)
+    snapshot = pin_levels()
     # The filter may name columns the caller did not ask for: read them all then.
-    newer = pending_changes(snapshot, snapshot.dataset.schema.names if filter else wanted)
+    newer = pending_changes(snapshot, dataset.schema.names if filter else wanted)
     older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
     live = _live(newer)
     if filter:

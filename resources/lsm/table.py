@@ -418,7 +418,11 @@ class LsmTable:
             Also include rows durable in a WAL but not yet flushed (written
             by any process). ``False`` reads flushed generations and the base only.
         """
-        return merged_read.scan(self._snapshot(fresh), columns or self.schema.names, filter)
+        # The base version is pinned first (see _snapshot); its scan starts
+        # while the pending levels above it are being pinned.
+        dataset = self.dataset()
+        return merged_read.scan(dataset, self.primary_key, lambda: self._snapshot(fresh, dataset=dataset),
+                                columns or self.schema.names, filter)
 
     def search(self, vector, k: int, filter: str | None = None, columns: list[str] | None = None,
                fresh: bool = True) -> pa.Table:
@@ -456,11 +460,12 @@ class LsmTable:
 
     # ----------------------------------------------------------------- helpers
 
-    def _snapshot(self, fresh: bool, shard_ids: set[str] | None = None) -> merged_read.ReadSnapshot:
-        """What a read of ``shard_ids`` (default: all shards) sees, pinned now."""
+    def _snapshot(self, fresh: bool, shard_ids: set[str] | None = None, *,
+                  dataset: lance.LanceDataset | None = None) -> merged_read.ReadSnapshot:
+        """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given)."""
         # Pin the base version first: generations compacted after it are still
         # listed by the shard manifests we read next, so nothing falls between.
-        dataset = self.dataset()
+        dataset = dataset or self.dataset()
         states = self._shard_states(read_compacted_generations(self._storage, dataset.version), shard_ids)
         tails = [
             read_wal_tail(self._storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)

@@ -73,7 +73,8 @@ def test_a_generation_stays_while_a_retained_base_version_lists_it(tmp_path):
     pinned = lance.dataset(table.uri, version=before_merge)
     states = table._shard_states(read_compacted_generations(table._storage, before_merge))
     snapshot = merged_read.ReadSnapshot(pinned, tuple(states), empty_tail(table.schema), ("id",))
-    assert rows_by_key(merged_read.scan(snapshot, table.schema.names, None)) == oracle_view(batches[:-1])
+    scanned = merged_read.scan(pinned, ["id"], lambda: snapshot, table.schema.names, None)
+    assert rows_by_key(scanned) == oracle_view(batches[:-1])
 
     collected = table.gc(**EVERYTHING)
     assert collected.compacted_generations.count == sum(len(s.flushed_generations) for s in table.shards())
