@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--lookups", type=int, default=30, help="point lookups per configuration")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--scan-repeat", type=int, default=15, help="alternating base/merged full-scan pairs")
+    parser.add_argument("--scan-repeat", type=int, default=41, help="alternating base/merged full-scan pairs")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     args.change_rows = args.change_rows or args.rows // 5
