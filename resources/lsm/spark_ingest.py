@@ -185,7 +185,6 @@ class _StagedFile:
 
 @dataclass(frozen=True)
 class _RejectedRow:
-    order: int
     file: str
     row: int
     reason: str
@@ -253,7 +252,7 @@ def _stage_files(positions: Iterable[int], listing: list[tuple[int, str, str]], 
         for position in positions:
             order, name, path = listing[position]
             first_order = order if first_order is None else first_order
-            parts, rejected, rows_and_rejected = _stage_one_file(table, order, name, path)
+            parts, rejected, rows_and_rejected = _stage_one_file(table, name, path)
             for bucket, rows in parts:
                 staged.append(bucket, rows)
             counts.add({order: rows_and_rejected})
@@ -300,24 +299,24 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
                 yield pa.Table.from_batches([batch])
 
 
-def _stage_one_file(table: LsmTable, order: int, name: str,
+def _stage_one_file(table: LsmTable, name: str,
                     path: str) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows)."""
     try:
         raw, rejections = read_landing_file(path)
     except UnreadableFileError as exc:
-        return [], _rejected_rows(order, name, [Rejection(-1, str(exc))], None), (1, 1)
+        return [], _rejected_rows(name, [Rejection(-1, str(exc))], None), (1, 1)
     try:
         validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
     except ValueError as exc:  # e.g. a key column missing from the whole file
         everything = [Rejection(r, str(exc)) for r in range(raw.num_rows)]
-        return [], _rejected_rows(order, name, everything, raw), (raw.num_rows, raw.num_rows)
+        return [], _rejected_rows(name, everything, raw), (raw.num_rows, raw.num_rows)
     # A JSON line that failed to parse was read as an empty row, which
     # validation rejects for its null key; the parse error explains it better.
     rejected = {r.row: r for r in validated.rejections}
     rejected.update({r.row: r for r in rejections})
     good = validated.valid
-    rejected_rows = _rejected_rows(order, name, sorted(rejected.values(), key=lambda r: r.row), raw)
+    rejected_rows = _rejected_rows(name, sorted(rejected.values(), key=lambda r: r.row), raw)
     return _rows_by_bucket(table, good), rejected_rows, (good.num_rows + len(rejected), len(rejected))
 
 
@@ -338,8 +337,8 @@ def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table
     return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends)]
 
 
-def _rejected_rows(order: int, name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
-    return [_RejectedRow(order, name, r.row, r.reason, record)
+def _rejected_rows(name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
+    return [_RejectedRow(name, r.row, r.reason, record)
             for r, record in zip(rejections, _records(raw, rejections))]
 
 
