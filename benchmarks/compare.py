@@ -85,7 +85,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay  # noqa: E402
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SYSTEMS_SCRIPT = REPO / "benchmarks" / "compare_systems.py"

@@ -319,7 +319,7 @@ class PlatformContinuous(_LsmSystem):
         self.writers.claim()
 
     def apply(self, files: list[str]) -> None:
-        from resources.lsm.spark_ingest import ingest_landing_files
+        from resources.lsm.spark.ingest import ingest_landing_files
 
         report = ingest_landing_files(self.spark, self.uri, self.landing, self.quarantine,
                                       writers=self.writers, max_files=len(files))
@@ -338,7 +338,7 @@ class PlatformBacklog(PlatformContinuous):
         _LsmSystem.load_base(self, base)
 
     def apply(self, files: list[str]) -> None:
-        from resources.lsm.spark_ingest import ingest_landing_files
+        from resources.lsm.spark.ingest import ingest_landing_files
 
         report = ingest_landing_files(self.spark, self.uri, self.landing, self.quarantine, max_files=len(files))
         assert list(report.files) == [Path(f).name for f in files], (report.files, files)
@@ -361,7 +361,7 @@ class ShardWriterCeiling(_LsmSystem):
 
     def prepare(self, files: list[str]) -> None:
         from resources.lsm import LsmTable
-        from resources.lsm.changes import resolve_changes, validate_changes
+        from resources.lsm.write.changes import resolve_changes, validate_changes
         from resources.lsm.table import DEFAULT_WRITER_CONFIG
 
         table = LsmTable.open(self.uri)

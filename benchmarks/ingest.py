@@ -55,10 +55,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resources.lsm import LsmTable  # noqa: E402
 from resources.lsm import spark_ingest  # noqa: E402
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files  # noqa: E402
-from resources.lsm.changes import resolve_changes, validate_changes  # noqa: E402
-from resources.lsm.landing import list_landing_files  # noqa: E402
-from resources.lsm.schema import DELETE, OP_COLUMN, SEQ_COLUMN  # noqa: E402
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files  # noqa: E402
+from resources.lsm.write.changes import resolve_changes, validate_changes  # noqa: E402
+from resources.lsm.ingest.landing import list_landing_files  # noqa: E402
+from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN  # noqa: E402
 from resources.lsm.table import LANCE_MAX_MEMTABLE_ROWS  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -40,10 +40,10 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resources.lsm import LsmTable  # noqa: E402
-from resources.lsm.changegen import EVENTS_SCHEMA  # noqa: E402
-from resources.lsm.compaction_marker import read_compacted_generations  # noqa: E402
-from resources.lsm.dedup import keep_last_per_key  # noqa: E402
-from resources.lsm.schema import TOMBSTONE_COLUMN  # noqa: E402
+from resources.lsm.testing.changegen import EVENTS_SCHEMA  # noqa: E402
+from resources.lsm.format.compaction_marker import read_compacted_generations  # noqa: E402
+from resources.lsm.read.dedup import keep_last_per_key  # noqa: E402
+from resources.lsm.format.schema import TOMBSTONE_COLUMN  # noqa: E402
 
 STATUSES = np.array(["new", "paid", "shipped", "returned"])
 
@@ -182,7 +182,7 @@ def bench_reads(workdir: Path, args) -> dict:
             "base_lookup_seconds": lookups(lambda k: base.to_table(filter=f"id = {k}")),
             "lookup_seconds": lookups(lambda k: table.lookup([k])),
         }
-    assert not read_compacted_generations(table._storage, table.dataset().version)  # nothing merged
+    assert not read_compacted_generations(table.storage, table.dataset().version)  # nothing merged
     return results
 
 

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.maintenance import make_base, median_seconds, rows_for  # noqa: E402
 from resources.lsm import LsmTable, register_spark_source  # noqa: E402
-from resources.lsm.changegen import EVENTS_SCHEMA  # noqa: E402
+from resources.lsm.testing.changegen import EVENTS_SCHEMA  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 

@@ -26,11 +26,11 @@ from pydantic import Field
 
 from resources.gx_resource import GreatExpectationsResource, GxOutcome
 from resources.lsm import LsmTable
-from resources.lsm.reconciliation import probe_reconciliation
-from resources.lsm.recovery_checks import Severity, verify_shards
-from resources.lsm.recovery_drill import DrillConfig, run_drill
-from resources.lsm.schema import primary_key_of
-from resources.lsm.scratch import scratch_copy
+from resources.lsm.quality.reconciliation import probe_reconciliation
+from resources.lsm.quality.recovery_checks import Severity, verify_shards
+from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
+from resources.lsm.format.schema import primary_key_of
+from resources.lsm.quality.scratch import scratch_copy
 from resources.table_resource import LsmTableResource
 
 from .ingestion import ingested_changes

@@ -8,9 +8,9 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 
 from resources.lsm import LsmTable
-from resources.lsm.backpressure import BackpressurePolicy, await_merge_capacity
-from resources.lsm.changegen import ChangeStreamSpec, write_landing_files
-from resources.lsm.spark_ingest import IngestReport, ingest_landing_files
+from resources.lsm.maintenance.backpressure import BackpressurePolicy, await_merge_capacity
+from resources.lsm.testing.changegen import ChangeStreamSpec, write_landing_files
+from resources.lsm.spark.ingest import IngestReport, ingest_landing_files
 from resources.region_writer import RegionWriterResource
 from resources.settings import landing_dir, quarantine_dir
 from resources.table_resource import LsmTableResource

@@ -17,8 +17,8 @@ from dagster import (AssetExecutionContext, AssetKey, AssetMaterialization, Conf
 from pydantic import Field
 
 from resources.lsm import LsmTable
-from resources.lsm.compaction import DEFAULT_MAX_ROWS_PER_PASS, ShardCompaction
-from resources.lsm.gc import DEFAULT_GRACE_SECONDS
+from resources.lsm.maintenance.compaction import DEFAULT_MAX_ROWS_PER_PASS, ShardCompaction
+from resources.lsm.maintenance.gc import DEFAULT_GRACE_SECONDS
 from resources.settings import num_shards
 from resources.table_resource import LsmTableResource
 

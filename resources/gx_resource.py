@@ -63,7 +63,7 @@ class GreatExpectationsResource(ConfigurableResource):
         """``columns`` of the base table: pandas when small, else a Spark DataFrame."""
         if table.dataset().count_rows() <= self.spark_row_threshold:
             return table.dataset().to_table(columns=columns).to_pandas()
-        from .lsm.spark_frames import base_frame
+        from .lsm.spark.frames import base_frame
 
         return base_frame(self._spark(), table, columns)
 
@@ -77,7 +77,7 @@ class GreatExpectationsResource(ConfigurableResource):
         estimate = table.dataset().count_rows() + pending * int(table.writer_config.get("max_memtable_rows", 0) or 0)
         if estimate <= self.spark_row_threshold:
             return table.read(columns=columns).to_pandas()
-        from .lsm.spark_frames import merged_view_frame
+        from .lsm.spark.frames import merged_view_frame
 
         return merged_view_frame(self._spark(), table, columns)
 

@@ -10,7 +10,7 @@ from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
 from .lsm import LsmTable, WriteResult
-from .lsm.schema import DELETE, OP_COLUMN
+from .lsm.format.schema import DELETE, OP_COLUMN
 from .table_resource import LsmTableResource
 
 

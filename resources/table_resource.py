@@ -6,7 +6,7 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from .lsm import LsmTable, TableNotFoundError
-from .lsm.changegen import EVENTS_SCHEMA
+from .lsm.testing.changegen import EVENTS_SCHEMA
 from .settings import num_shards, table_uri
 
 

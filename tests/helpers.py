@@ -6,8 +6,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
-from resources.lsm.shard_manifest import list_wal_entries, position_name, shard_dir
-from resources.lsm.wal_tail import read_wal_entry
+from resources.lsm.format.shard_manifest import list_wal_entries, position_name, shard_dir
+from resources.lsm.format.wal import read_wal_entry
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -41,10 +41,10 @@ def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int =
     the writer metadata of a real one (epoch, generation)."""
     key = keys_in_bucket(table, bucket, 1)[0]
     table.write(pa.table({"id": [key]}))
-    table._writers.clear()
+    table.detach_writers()
     shard = table.shards()[bucket]
-    entry = list_wal_entries(table._storage, shard.shard_id)[-1]
-    _, rows = read_wal_entry(table._storage, shard.shard_id, entry)
+    entry = list_wal_entries(table.storage, shard.shard_id)[-1]
+    _, rows = read_wal_entry(table.storage, shard.shard_id, entry)
     forged = pa.table({**columns, "_tombstone": pa.array([False] * len(next(iter(columns.values()))))})
     forged = forged.replace_schema_metadata(rows.schema.metadata)
     sink = pa.BufferOutputStream()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def table_with_history(tmp_path_factory):
         table.write(batch)
         table.close()
     table.write(batches[2])
-    table._writers.clear()  # crashed writers leave an unflushed WAL tail
+    table.detach_writers()  # crashed writers leave an unflushed WAL tail
     (tmp / "dagster_home").mkdir()
     env = {**os.environ, "LSM_TABLE_URI": table.uri, "LSM_LANDING_DIR": str(tmp / "landing"),
            "DAGSTER_HOME": str(tmp / "dagster_home")}

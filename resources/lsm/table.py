@@ -20,18 +20,21 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from . import compaction, merged_read, vector_search
-from .changes import (InvalidChangesError, resolve_changes, resolve_ordered_changes, to_arrow,
+from .maintenance import compaction
+from .read import merged_read
+from .read import vector_search
+from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
+from .write.changes import ( resolve_changes, resolve_ordered_changes, to_arrow,
                       validate_changes)
-from .compaction import CompactionResult, MaintenancePolicy
-from .compaction_marker import read_compacted_generations
-from .gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
-from .pk_bloom import GenerationFilters
-from .routing import ShardRouter, shard_ids_for
-from .schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
-from .shard_state import ShardState, load_shard_state
-from .storage import TableStorage
-from .wal_tail import read_wal_tail
+from .maintenance.compaction import CompactionResult, MaintenancePolicy
+from .format.compaction_marker import read_compacted_generations
+from .maintenance.gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
+from .read.pk_bloom import GenerationFilters
+from .format.routing import ShardRouter, shard_ids_for
+from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
+from .format.shard_state import ShardState, load_shard_state
+from .format.storage import TableStorage
+from .read.wal_tail import read_wal_tail
 
 _CONFIG_PRIMARY_KEY = "lsm.primary_key"
 _CONFIG_SHARD_IDS = "lsm.shard_ids"
@@ -53,18 +56,6 @@ DEFAULT_WRITER_CONFIG: dict[str, Any] = {
     # put is one WAL file whatever the timer, so shorter costs no extra files.
     "max_wal_flush_interval_ms": 5,
 }
-
-
-class TableNotFoundError(FileNotFoundError):
-    """No Lance dataset exists at the URI."""
-
-
-class WriterFencedError(RuntimeError):
-    """Another process claimed the shard; this writer's un-acknowledged call failed.
-
-    Everything acknowledged before is in the WAL and is replayed by the new
-    writer. Retry the write with a fresh ``LsmTable``.
-    """
 
 
 @dataclass(frozen=True)
@@ -120,7 +111,7 @@ class LsmTable:
         self.shard_ids: list[str] = json.loads(config[_CONFIG_SHARD_IDS])
         self.schema: pa.Schema = dataset.schema
         self.writer_config: dict[str, Any] = dict(details.get("writer_config_defaults") or {})
-        self._storage = TableStorage(uri)
+        self.storage = TableStorage(uri)
         # Caches of one Lance session: a base lookup through a warm index cache
         # takes half the time of one through a cold one.
         self._session = lance.Session()
@@ -129,7 +120,7 @@ class LsmTable:
                                    tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
         self._generation_filters = GenerationFilters(
-            uri, self._storage, [self.schema.field(k) for k in self.primary_key], storage_options)
+            uri, self.storage, [self.schema.field(k) for k in self.primary_key], storage_options)
 
     # ------------------------------------------------------------------ set-up
 
@@ -151,7 +142,7 @@ class LsmTable:
         caught up in the base by :meth:`compact`; full-text queries run on
         the base only (``dataset().to_table(full_text_query=...)``: merged
         rows, not generations or WAL), as pylance has no MemWAL text-search
-        planner. See :mod:`resources.lsm.vector_search`.
+        planner. See :mod:`resources.lsm.read.vector_search`.
 
         Raises
         ------
@@ -382,7 +373,7 @@ class LsmTable:
         one commit carrying its data and the new marker. Idempotent and
         crash-safe: the merged view never changes and nothing is applied
         twice. Afterwards the base's files and indexes are tidied per
-        ``maintenance`` (``None``: skip). See :mod:`resources.lsm.compaction`.
+        ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
         return compaction.compact(self, [shard] if shard else self.shard_ids,
                                   max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
@@ -396,7 +387,7 @@ class LsmTable:
         (Lance's ``cleanup_old_versions``); merged generations once no
         retained base version can list them as pending; WAL entries and
         orphan generation directories once older than their grace periods.
-        The merged view never changes. See :mod:`resources.lsm.gc`.
+        The merged view never changes. See :mod:`resources.lsm.maintenance.gc`.
         """
         return collect_garbage(self, orphan_grace_seconds=orphan_grace_seconds,
                                wal_grace_seconds=wal_grace_seconds,
@@ -418,10 +409,10 @@ class LsmTable:
             Also include rows durable in a WAL but not yet flushed (written
             by any process). ``False`` reads flushed generations and the base only.
         """
-        # The base version is pinned first (see _snapshot); its scan starts
+        # The base version is pinned first (see snapshot); its scan starts
         # while the pending levels above it are being pinned.
         dataset = self.dataset()
-        return merged_read.scan(dataset, self.primary_key, lambda: self._snapshot(fresh, dataset=dataset),
+        return merged_read.scan(dataset, self.primary_key, lambda: self.snapshot(fresh, dataset=dataset),
                                 columns or self.schema.names, filter)
 
     def search(self, vector, k: int, filter: str | None = None, columns: list[str] | None = None,
@@ -430,9 +421,9 @@ class LsmTable:
 
         Each key appears at most once, with its newest version; ``columns``
         (default: all) plus ``_distance``. ``filter`` is Lance SQL. Needs a
-        table created with ``vector_index``; see :func:`resources.lsm.vector_search.search`.
+        table created with ``vector_index``; see :func:`resources.lsm.read.vector_search.search`.
         """
-        return vector_search.search(self._snapshot(fresh), vector, k, filter, columns)
+        return vector_search.search(self.snapshot(fresh), vector, k, filter, columns)
 
     def lookup(self, keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.
@@ -441,11 +432,11 @@ class LsmTable:
         (any key), or a table with the key columns. Returns the merged-view
         row of each key found (``fresh`` as for :meth:`read`). A key is read
         from its own shard only, and of that shard's generations only from
-        those whose bloom filter may hold it (see :mod:`resources.lsm.pk_bloom`).
+        those whose bloom filter may hold it (see :mod:`resources.lsm.read.pk_bloom`).
         """
         key_table = self._key_table(keys)
         buckets = self._router.buckets(key_table)
-        snapshot = self._snapshot(fresh, {self.shard_ids[b] for b in np.unique(buckets)})
+        snapshot = self.snapshot(fresh, {self.shard_ids[b] for b in np.unique(buckets)})
         return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names,
                                   self._generation_filters)
 
@@ -455,32 +446,55 @@ class LsmTable:
 
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""
-        dataset = self.dataset()
-        return self._shard_states(read_compacted_generations(self._storage, dataset.version))
+        return self.shard_states()
+
+    def shard_states(self, dataset: lance.LanceDataset | None = None,
+                     shard_ids: Iterable[str] | None = None) -> list[ShardState]:
+        """The state of ``shard_ids`` (default: all) above a pinned base version, in bucket order.
+
+        ``dataset`` is the base version whose compacted markers apply (default:
+        the latest, pinned now). Pin the base before the shards: generations
+        merged after that version are still listed by the shard manifests read
+        next, so a reader of the base plus these states misses nothing. The
+        markers are decoded once for all shards.
+        """
+        dataset = dataset or self.dataset()
+        compacted = read_compacted_generations(self.storage, dataset.version)
+        wanted = None if shard_ids is None else set(shard_ids)
+        return [
+            load_shard_state(self.storage, shard_id, bucket, compacted.get(shard_id, 0))
+            for bucket, shard_id in enumerate(self.shard_ids)
+            if wanted is None or shard_id in wanted
+        ]
+
+    def detach_writers(self) -> None:
+        """Forget this object's writers without closing them, as a crashed process would.
+
+        Their MemTables are not flushed: the rows stay in the WAL, replayed by
+        the next writer of each shard (a flush, another ingestion). For crash
+        drills and tests; a live process should call :meth:`close`.
+        """
+        self._writers.clear()
 
     # ----------------------------------------------------------------- helpers
 
-    def _snapshot(self, fresh: bool, shard_ids: set[str] | None = None, *,
+    def snapshot(self, fresh: bool, shard_ids: set[str] | None = None, *,
                   dataset: lance.LanceDataset | None = None) -> merged_read.ReadSnapshot:
-        """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given)."""
-        # Pin the base version first: generations compacted after it are still
-        # listed by the shard manifests we read next, so nothing falls between.
+        """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given).
+
+        The base version, the pending generations above its markers and (with
+        ``fresh``) each shard's WAL tail: the input of the read path
+        (:mod:`resources.lsm.read.merged_read`).
+        """
         dataset = dataset or self.dataset()
-        states = self._shard_states(read_compacted_generations(self._storage, dataset.version), shard_ids)
+        states = self.shard_states(dataset, shard_ids)
         tails = [
-            read_wal_tail(self._storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
+            read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
             for s in states if fresh and s.unflushed_wal_entries
         ]
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
         return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
                                         self.storage_options, self._session, self._pending_cache)
-
-    def _shard_states(self, compacted: dict[str, int], shard_ids: set[str] | None = None) -> list[ShardState]:
-        return [
-            load_shard_state(self._storage, shard_id, bucket, compacted.get(shard_id, 0))
-            for bucket, shard_id in enumerate(self.shard_ids)
-            if shard_ids is None or shard_id in shard_ids
-        ]
 
     def _key_table(self, keys) -> pa.Table:
         key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])

@@ -20,8 +20,8 @@ from lsm_assets.checks import (all_checks, base_primary_key_not_null, base_prima
                                row_count_reconciles, schema_conforms, shards_recoverable)
 from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
-from resources.lsm.shard_manifest import shard_dir
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
+from resources.lsm.format.shard_manifest import shard_dir
 from resources.spark import lsm_pyspark_resource
 from resources.table_resource import LsmTableResource
 from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
@@ -62,7 +62,7 @@ def history(make_table, schema: pa.Schema = EVENTS_SCHEMA, primary_key=("id",)) 
             table.close()
         if number == 0:
             table.compact()
-    table._writers.clear()  # the last batch stays in the WAL of a crashed writer
+    table.detach_writers()  # the last batch stays in the WAL of a crashed writer
     return LsmTable.open(table.uri)
 
 

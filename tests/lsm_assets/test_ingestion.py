@@ -17,7 +17,7 @@ from dagster import build_init_resource_context, materialize
 from jobs import continuous_ingest_job
 from lsm_assets.ingestion import ingested_changes, landing_changes
 from resources.lsm import LsmTable, WriterFencedError
-from resources.lsm.changegen import ChangeStreamSpec, generate_changes, replay, write_landing_files
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, replay, write_landing_files
 from resources.region_writer import RegionWriterResource
 from resources.spark import spark_conf
 from resources.table_resource import LsmTableResource

@@ -10,7 +10,7 @@ from lsm_assets.checks import all_checks
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flushed_generations, garbage_collected, merged_base
 from resources.lsm import LsmTable
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.gx_resource import GreatExpectationsResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import keys_in_bucket, rows_by_key, write_generation
@@ -25,7 +25,7 @@ def _table_with_history(make_table) -> tuple[LsmTable, dict]:
         table.write(batch)
         table.close()
     table.write(batches[3])
-    table._writers.clear()  # crashed writers: the last batch is only in the WAL
+    table.detach_writers()  # crashed writers: the last batch is only in the WAL
     return LsmTable.open(table.uri), replay(batches)
 
 

@@ -7,7 +7,7 @@ from dagster import materialize
 from lsm_assets.ingestion import ingested_changes
 from lsm_assets.reports import orders_by_status
 from resources.io_manager import LsmTableIOManager
-from resources.lsm.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 
 
 def test_orders_by_status_summarizes_the_merged_view(make_table):

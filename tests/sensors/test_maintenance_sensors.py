@@ -10,7 +10,7 @@ from definitions import defs
 from jobs import flush_shard_job, merge_shard_job
 from lsm_assets.live_writers import WRITER_TAGS
 from resources.lsm import LsmTable
-from resources.lsm.changegen import EVENTS_SCHEMA
+from resources.lsm.testing.changegen import EVENTS_SCHEMA
 from resources.table_resource import LsmTableResource
 from sensors.maintenance import merge_sensor, needs_flush, shard_sensor
 from tests.helpers import keys_in_bucket, write_generation
@@ -56,7 +56,7 @@ def test_flush_sensor_requests_crashed_shards_and_waits_for_live_writers(make_ta
     table = make_table(EVENTS_SCHEMA, num_shards=4)
     keys = keys_in_bucket(table, 0, 3) + keys_in_bucket(table, 2, 3)
     table.write(pa.table({"id": keys, "customer": ["c"] * 6, "amount": [1.0] * 6, "status": ["new"] * 6}))
-    table._writers.clear()  # the writers die without closing: their WAL is unflushed
+    table.detach_writers()  # the writers die without closing: their WAL is unflushed
     sensor = shard_sensor("test_flush_sensor", flush_shard_job, needs_flush(0, 0, 0), "test",
                           skip_while_writing=True)
 

@@ -1,0 +1,115 @@
+"""``ShardState``: what an operator (or a sensor) needs to know about one shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
+from .wal import read_wal_entry
+from .storage import TableStorage
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One shard's state, read from its manifest, WAL directory and the base table.
+
+    Attributes
+    ----------
+    shard_id, bucket
+        The shard's UUID and the bucket number routed to it.
+    writer_epoch
+        Epoch of the latest writer that claimed the shard (0: never written).
+    manifest_version
+        Version of the shard manifest this state was read from.
+    replay_after_wal_position
+        WAL entries at or below this position are contained in flushed generations.
+    current_generation
+        Generation the active MemTable will flush to.
+    flushed_generations
+        ``(generation, directory)`` pairs listed in the manifest, ascending.
+    compacted_generation
+        Highest generation merged into the base table (0: none).
+    unflushed_wal_entries, unflushed_wal_bytes
+        WAL entries after the replay position that hold changes: durable, not
+        yet in a generation. (Fence sentinels, which a writer appends when it
+        claims the shard and which stay behind when it closes with nothing to
+        flush, do not count: flushing them would only append another.)
+    unflushed_wal_first_mtime_ns, unflushed_wal_last_mtime_ns
+        When the oldest and newest of those entries were written (``None``
+        without entries, or on stores that keep no modification times).
+    oldest_pending_mtime_ns
+        When the oldest generation above the compacted marker was flushed.
+    orphan_directories
+        Generation directories on storage that the manifest does not list;
+        never read, removed by garbage collection.
+    """
+
+    shard_id: str
+    bucket: int
+    writer_epoch: int
+    manifest_version: int
+    replay_after_wal_position: int
+    current_generation: int
+    flushed_generations: tuple[tuple[int, str], ...]
+    compacted_generation: int
+    unflushed_wal_entries: int
+    unflushed_wal_bytes: int
+    unflushed_wal_first_mtime_ns: int | None
+    unflushed_wal_last_mtime_ns: int | None
+    oldest_pending_mtime_ns: int | None
+    orphan_directories: tuple[str, ...]
+
+    @property
+    def pending_generations(self) -> tuple[tuple[int, str], ...]:
+        """Flushed generations not yet merged into the base table: what readers scan."""
+        return tuple(g for g in self.flushed_generations if g[0] > self.compacted_generation)
+
+
+def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
+                     compacted_generation: int) -> ShardState:
+    """Read one shard's state; a shard that never had a writer reads as empty."""
+    manifest = read_shard_manifest(storage, shard_id)
+    listed = manifest.flushed_generations if manifest else ()
+    replay_after = manifest.replay_after_wal_position if manifest else 0
+    unflushed = [e for e in list_wal_entries(storage, shard_id)
+                 if e.position > replay_after and not _is_fence_sentinel(storage, shard_id, e)]
+    wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
+    listed_dirs = {directory for _, directory in listed}
+    present = list_generation_dirs(storage, shard_id)
+    orphans = tuple(d for _, d in present if d not in listed_dirs)
+    pending = [d for g, d in listed if g > compacted_generation]
+    return ShardState(
+        shard_id=shard_id,
+        bucket=bucket,
+        writer_epoch=manifest.writer_epoch if manifest else 0,
+        manifest_version=manifest.version if manifest else 0,
+        replay_after_wal_position=replay_after,
+        current_generation=manifest.current_generation if manifest else 1,
+        flushed_generations=listed,
+        compacted_generation=compacted_generation,
+        unflushed_wal_entries=len(unflushed),
+        unflushed_wal_bytes=sum(e.size for e in unflushed),
+        unflushed_wal_first_mtime_ns=min(wal_mtimes, default=None),
+        unflushed_wal_last_mtime_ns=max(wal_mtimes, default=None),
+        oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending else None,
+        orphan_directories=orphans,
+    )
+
+
+def _flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
+    """When a generation was committed: the mtime of its dataset manifest."""
+    mtimes = [f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions")
+              if f.mtime_ns is not None]
+    return min(mtimes, default=None)
+
+
+# A fence sentinel is an Arrow IPC stream with an empty schema: a few hundred
+# bytes. Any entry holding rows carries the table schema and is larger.
+_SENTINEL_MAX_BYTES = 1024
+
+
+def _is_fence_sentinel(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> bool:
+    if entry.size >= _SENTINEL_MAX_BYTES:
+        return False
+    metadata, _ = read_wal_entry(storage, shard_id, entry)
+    return metadata.get("fence_sentinel") == "true"

@@ -1,0 +1,37 @@
+"""WAL entry files: one Arrow IPC stream per entry.
+
+Every WAL entry holds the table's columns plus ``_tombstone``; its schema
+metadata names the ``writer_epoch``. A writer that claims a shard first
+appends an empty *fence sentinel* entry with its epoch.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .shard_manifest import WalEntryFile, shard_dir
+from .storage import TableStorage
+
+
+class CorruptWalEntryError(IOError):
+    """A WAL entry file exists but is not a readable Arrow IPC stream."""
+
+
+def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> tuple[dict, pa.Table]:
+    """Schema metadata and rows of one WAL entry.
+
+    Raises
+    ------
+    CorruptWalEntryError
+        If the file is truncated or not Arrow IPC.
+    """
+    path = f"{shard_dir(shard_id)}/wal/{entry.name}"
+    try:
+        reader = ipc.open_stream(storage.read_bytes(path))
+        table = reader.read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptWalEntryError(f"WAL entry {storage.path(path)} (position {entry.position}) "
+                                   f"is unreadable: {exc}") from exc
+    metadata = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
+    return metadata, table

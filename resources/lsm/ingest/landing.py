@@ -1,0 +1,168 @@
+"""Landing files: the change stream as files, and the ledger of what was ingested.
+
+Landing files are Parquet, JSON Lines or CSV files in a directory, processed in
+file-name order. Their columns are the table's columns plus optional ``_op``
+and ``_seq``. The ledger (under the table root, ``_lsm_ingest/``) records a
+file only after all of its good rows are durable, so a crashed ingestion
+re-applies exactly the unrecorded files, in order — which leaves the merged
+view unchanged (upserts and deletes by key are idempotent in order).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from ..errors import Rejection
+from ..format.storage import TableStorage
+
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
+LEDGER_DIR = "_lsm_ingest/files"
+STAGING_DIR = "_lsm_ingest/staging"
+"""Where Spark ingestion stages routed rows between its read and write tasks, one directory per call."""
+
+
+class UnreadableFileError(ValueError):
+    """The whole file cannot be parsed (not the format its name says, truncated...)."""
+
+
+@dataclass(frozen=True)
+class LandingFile:
+    """One change file; ``order`` is its position in file-name order."""
+
+    order: int
+    name: str
+    path: str
+    size: int
+
+
+def list_landing_files(landing_dir: str) -> list[LandingFile]:
+    """Supported files directly in ``landing_dir``, in file-name order.
+
+    Names starting with ``.`` or ``_`` (temporary files, the quarantine) are skipped.
+    """
+    if not os.path.isdir(landing_dir):
+        return []
+    names = sorted(
+        n for n in os.listdir(landing_dir)
+        if n[:1] not in "._" and os.path.splitext(n)[1].lower() in FORMATS
+        and os.path.isfile(os.path.join(landing_dir, n))
+    )
+    return [
+        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)),
+                    os.path.getsize(os.path.join(landing_dir, n)))
+        for i, n in enumerate(names)
+    ]
+
+
+def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
+    """Read a change file as-is (values are cast and validated later).
+
+    CSV values are read as strings so that a bad value rejects its row, not
+    the file. JSON Lines are parsed line by line for the same reason: a line
+    that is not a JSON object is returned as a rejection with its row number.
+
+    Raises
+    ------
+    UnreadableFileError
+        If the file cannot be parsed at all.
+    """
+    kind = FORMATS.get(os.path.splitext(path)[1].lower())
+    try:
+        if kind == "parquet":
+            return pq.ParquetFile(path).read(), []
+        if kind == "csv":
+            return _read_csv(path), []
+        if kind == "json":
+            return _read_json_lines(path)
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
+        raise UnreadableFileError(f"{path}: cannot be read as {kind}: {exc}") from exc
+    raise UnreadableFileError(f"{path}: unsupported file type")
+
+
+def _read_csv(path: str) -> pa.Table:
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    as_strings = {name: pa.string() for name in header}
+    return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+        column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False))
+
+
+def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
+    rows: list[dict] = []
+    rejections: list[Rejection] = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(line for line in lines if line.strip()):
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as exc:
+                rejections.append(Rejection(number, f"not valid JSON: {exc.msg}"))
+                rows.append({})
+                continue
+            if not isinstance(value, dict):
+                rejections.append(Rejection(number, "line is not a JSON object"))
+                value = {}
+            rows.append(value)
+    columns = sorted({k for row in rows for k in row})
+    table = pa.table({c: _json_column([row.get(c) for row in rows]) for c in columns})
+    if not columns:  # every line rejected: keep the row count
+        table = pa.table({"_op": pa.nulls(len(rows), pa.string())})
+    return table, rejections
+
+
+def _json_column(values: list) -> pa.Array:
+    """A column as Arrow infers it, or as strings where JSON types clash.
+
+    Strings keep every value, so casting later rejects the offending row
+    instead of failing the whole file.
+    """
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+                         for v in values], pa.string())
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What ingesting one landing file did."""
+
+    name: str
+    size: int
+    rows: int
+    rejected: int
+    run_id: str
+    ingested_at: float
+
+
+class IngestLedger:
+    """Which landing files are already in the table (one small JSON file each)."""
+
+    def __init__(self, table_uri: str) -> None:
+        self._storage = TableStorage(table_uri)
+
+    def ingested_names(self) -> set[str]:
+        return {f.name[: -len(".json")] for f in self._storage.list_dir(LEDGER_DIR) if f.name.endswith(".json")}
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Record a file as ingested (write-then-rename, so a reader never sees half)."""
+        self._storage.write_bytes_atomic(f"{LEDGER_DIR}/{entry.name}.json",
+                                         json.dumps(asdict(entry)).encode())
+
+    def entries(self) -> list[LedgerEntry]:
+        return [
+            LedgerEntry(**json.loads(self._storage.read_bytes(f"{LEDGER_DIR}/{f.name}")))
+            for f in sorted(self._storage.list_dir(LEDGER_DIR), key=lambda f: f.name)
+            if f.name.endswith(".json")
+        ]
+
+
+def new_ledger_entry(file: LandingFile, rows: int, rejected: int, run_id: str) -> LedgerEntry:
+    return LedgerEntry(file.name, file.size, rows, rejected, run_id, time.time())

@@ -1,0 +1,64 @@
+"""Backpressure: stop ingestion while merging into the base falls behind.
+
+Every un-merged generation is one more level each read has to merge, so a
+shard's pending-generation count bounds read amplification. When a shard
+reaches ``stop_generations``, ingestion either waits for the merge to catch up
+(saying why) or fails fast with :class:`BackpressureError`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from ..table import LsmTable
+
+
+class BackpressureError(RuntimeError):
+    """Ingestion refused: some shards have too many generations awaiting merge."""
+
+
+@dataclass(frozen=True)
+class BackpressurePolicy:
+    """When and how ingestion yields to merging.
+
+    Attributes
+    ----------
+    stop_generations
+        Pending (un-merged) generations in one shard at which ingestion stops.
+    mode
+        ``"wait"``: poll until every shard is below the threshold (at most
+        ``max_wait_seconds``, then fail); ``"fail"``: fail at once.
+    """
+
+    stop_generations: int = 16
+    mode: Literal["wait", "fail"] = "wait"
+    max_wait_seconds: float = 900.0
+    poll_seconds: float = 5.0
+
+
+def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy,
+                         log: Callable[[str], None] = print) -> float:
+    """Return once every shard is below ``policy.stop_generations``; seconds waited.
+
+    Raises
+    ------
+    BackpressureError
+        In ``"fail"`` mode when a shard is at the threshold, or in ``"wait"``
+        mode when merging has not caught up within ``max_wait_seconds``.
+    """
+    started = time.monotonic()
+    while True:
+        behind = {s.bucket: len(s.pending_generations) for s in table.shards()
+                  if len(s.pending_generations) >= policy.stop_generations}
+        if not behind:
+            return time.monotonic() - started
+        message = (f"backpressure: shards {sorted(behind)} have {behind} generations awaiting merge "
+                   f"(stop threshold {policy.stop_generations})")
+        waited = time.monotonic() - started
+        if policy.mode == "fail" or waited >= policy.max_wait_seconds:
+            raise BackpressureError(f"{message}; run merge_job or let the merge sensor catch up"
+                                    + (f" (waited {waited:.0f}s)" if waited else ""))
+        log(f"{message}; waiting for merges ({waited:.0f}s so far)")
+        time.sleep(policy.poll_seconds)

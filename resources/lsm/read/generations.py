@@ -1,0 +1,63 @@
+"""Flushed generations (SSTables): where they live and how their rows are read.
+
+A generation is a Lance dataset in ``_mem_wal/<shard>/<directory>``, written
+by one MemTable flush. Callers pass only directories that the shard manifest
+lists (see :mod:`resources.lsm.format.shard_state`): a directory listing would also
+find orphans of failed or fenced flushes, which must never be read.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+import lance
+import pyarrow as pa
+
+from .dedup import keep_last_per_key
+from ..format.shard_manifest import shard_dir
+
+
+def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:
+    """The URI of one generation's Lance dataset."""
+    return f"{table_uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
+
+
+def open_generation(table_uri: str, shard_id: str, directory: str,
+                    storage_options: dict[str, str] | None = None,
+                    session: lance.Session | None = None) -> lance.LanceDataset:
+    """One generation as a Lance dataset (immutable once the manifest lists it).
+
+    A shared ``session`` caches its metadata across opens.
+    """
+    return lance.dataset(generation_uri(table_uri, shard_id, directory), storage_options=storage_options,
+                         session=session)
+
+
+def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Table:
+    """Every live row of ``generation`` in write order, cast to ``columns``.
+
+    Later rows are newer: the order of a generation's physical rows is the
+    order its changes were written (a flush hides a key's older versions
+    behind a deletion vector, which the scan honours). ``columns`` usually
+    includes ``_tombstone`` (``True`` marks a delete).
+    """
+    return generation.to_table(columns=columns.names, scan_in_order=True).cast(columns)
+
+
+def read_generations(table_uri: str, generations: Sequence[tuple[str, str]], columns: pa.Schema, *,
+                     storage_options: dict[str, str] | None = None, session: lance.Session | None = None,
+                     map: Callable = map) -> list[pa.Table]:
+    """The rows of each ``(shard_id, directory)`` generation (:func:`generation_rows`), in order.
+
+    ``map`` may be a thread pool's, to read several generations at once.
+    """
+    def read(generation: tuple[str, str]) -> pa.Table:
+        shard_id, directory = generation
+        return generation_rows(open_generation(table_uri, shard_id, directory, storage_options, session), columns)
+
+    return list(map(read, generations))
+
+
+def newest_per_key(levels: Iterable[pa.Table], columns: pa.Schema, primary_key: Sequence[str]) -> pa.Table:
+    """The newest change of every key over ``levels`` (oldest first, each shaped ``columns``)."""
+    return keep_last_per_key(pa.concat_tables([columns.empty_table(), *levels]), list(primary_key))

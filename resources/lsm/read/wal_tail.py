@@ -1,0 +1,46 @@
+"""Read a shard's WAL tail: rows durable in the WAL but not yet flushed.
+
+Every WAL entry is an Arrow IPC stream holding the table's columns plus
+``_tombstone``; its schema metadata names the ``writer_epoch``. A writer that
+claims a shard first appends an empty *fence sentinel* entry with its epoch;
+entries from an older epoch that follow a sentinel come from a fenced writer
+and were never acknowledged, so they are skipped (as replay does).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from .dedup import keep_last_per_key
+from ..format.schema import empty_tail
+from ..format.shard_manifest import list_wal_entries
+from ..format.storage import TableStorage
+from ..format.wal import read_wal_entry
+
+
+def read_wal_tail(storage: TableStorage, shard_id: str, after_position: int,
+                  schema: pa.Schema, primary_key: list[str], up_to_position: int | None = None) -> pa.Table:
+    """The newest change per key among WAL entries after ``after_position``.
+
+    Returns the table's columns plus ``_tombstone`` (True = deleted), one row
+    per key, or an empty table when the tail is empty. ``up_to_position``
+    (inclusive) pins the tail to the entries a reader planned with, so
+    parallel readers of one snapshot see the same tail.
+    """
+    tail_schema = empty_tail(schema).schema
+    fence_epoch = 0
+    parts = []
+    for entry in list_wal_entries(storage, shard_id):
+        if entry.position <= after_position or (up_to_position is not None and entry.position > up_to_position):
+            continue
+        metadata, rows = read_wal_entry(storage, shard_id, entry)
+        epoch = int(metadata.get("writer_epoch", 0))
+        if metadata.get("fence_sentinel") == "true":
+            fence_epoch = max(fence_epoch, epoch)
+            continue
+        if epoch < fence_epoch or rows.num_rows == 0:
+            continue
+        parts.append(rows.select(tail_schema.names).cast(tail_schema))
+    if not parts:
+        return empty_tail(schema)
+    return keep_last_per_key(pa.concat_tables(parts), primary_key)

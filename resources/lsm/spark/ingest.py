@@ -1,0 +1,415 @@
+"""Distributed ingestion of landing files with Spark: executors read, route and write.
+
+Pipeline (one call to :func:`ingest_landing_files`)::
+
+    file positions ──mapPartitions(stage)──▶ per task: one staged Arrow file per bucket
+        │                                   (good rows of its files, file after file,
+        │                                   each file's sorted by _seq) in the run's
+        │                                   staging directory; a record per staged file
+        │                                   and per rejected row; each file's row counts
+        │                                   go to an accumulator
+        └─ staged files ──partitionBy(bucket % tasks)──mapPartitions(write)──▶
+                  per-shard stats (the only thing collected)
+    files with rejections only: stage again, without staged files ──▶ rejected
+                                  rows ──▶ quarantine (JSON Lines: file, row, reason, record)
+
+Each file is read and validated by one task with the engine's own rules
+(:func:`~resources.lsm.write.changes.validate_changes`); the bucket comes from
+Lance's hash (:meth:`LsmTable.buckets`). Spark routes and orders references
+to staged files; the rows themselves go from the task that read them to the
+task that writes their shard through the table's storage
+(``_lsm_ingest/staging/``), never through the JVM. Converting every row to
+a Spark row made ingestion ~5x slower, and even shuffling them as Arrow
+blocks cost more than the writes (see benchmarks/ingest.py). There is one
+write task per core; partition ``t`` holds the buckets ``b`` with
+``b % tasks == t``, so exactly one task writes each shard. The task writes
+its shards in parallel threads, through shard writers it opens (claim +
+replay) and closes (flush) itself, each shard's staged files in file order.
+Rows arrive in newest-wins order (file, then ``_seq``, then row), so each
+chunk is resolved by position (:meth:`LsmTable.write_shard_ordered`).
+Only files with bad rows are staged a second time, to quarantine those rows.
+The driver records a file in the ledger only after the write job, and the
+quarantine of its bad rows, succeeded; it deletes the staging directory when
+the call ends, and :func:`~resources.lsm.maintenance.gc.collect_garbage` deletes one a
+crash left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import Rejection
+from ..write.changes import validate_changes
+from ..ingest.landing import (STAGING_DIR, IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
+                      new_ledger_entry, read_landing_file)
+from ..format.schema import SEQ_COLUMN
+from ..format.storage import TableStorage
+from ..table import LsmTable, ShardTotals, ShardWriteCount
+
+_QUARANTINE_SCHEMA = "file string, row long, reason string, record string"
+
+
+@dataclass(frozen=True)
+class ShardIngestStats:
+    shard_id: str
+    upserts: int
+    deletes: int
+    wal_bytes: int
+    write_seconds: float
+
+
+@dataclass(frozen=True)
+class IngestReport(ShardTotals):
+    """What one ingestion did; ``files`` lists the landing files it recorded."""
+
+    files: tuple[str, ...] = ()
+    rows_read: int = 0
+    rows_quarantined: int = 0
+    shards: tuple[ShardIngestStats, ...] = ()
+    elapsed_seconds: float = 0.0
+    quarantine_path: str | None = None
+    per_file: dict = field(default_factory=dict)
+
+    @property
+    def rows_written(self) -> int:
+        return self.upserts + self.deletes
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_read / self.elapsed_seconds if self.elapsed_seconds else 0.0
+
+
+def pending_landing_files(table_uri: str, landing_dir: str) -> list[LandingFile]:
+    """Landing files not yet recorded in the table's ledger, in file-name order."""
+    done = IngestLedger(table_uri).ingested_names()
+    return [f for f in list_landing_files(landing_dir) if f.name not in done]
+
+
+def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir: str,
+                         run_id: str | None = None, *, writers: LsmTable | None = None,
+                         max_files: int | None = None) -> IngestReport:
+    """Ingest pending landing files (file-name order) into the table; return what happened.
+
+    Parameters
+    ----------
+    writers
+        ``None`` (batch mode): Spark tasks write, each opening and closing the
+        writers of its shards. An :class:`LsmTable` whose writers stay open
+        (continuous mode): Spark stages the files, and the rows are written
+        here through those writers, so no generation is cut per micro-batch.
+    max_files
+        Ingest at most this many files (a micro-batch); ``None`` for all.
+
+    Re-running after a crash re-applies exactly the files that were not
+    recorded, in order, which leaves the merged view as if they had been
+    applied once.
+
+    Raises
+    ------
+    WriterFencedError
+        (In batch mode wrapped in Spark's task error.) Another writer claimed a
+        shard mid-write; nothing is recorded and the run can be retried.
+    """
+    started = time.monotonic()
+    run_id = run_id or uuid.uuid4().hex[:12]
+    table = writers or LsmTable.open(table_uri)
+    files = pending_landing_files(table_uri, landing_dir)[:max_files]
+    if not files:
+        return IngestReport(elapsed_seconds=time.monotonic() - started)
+
+    counts = spark.sparkContext.accumulator({}, _PerFileCounts())
+    staging = f"{STAGING_DIR}/run={run_id}-{uuid.uuid4().hex[:8]}"  # one per call, even in a long run
+    try:
+        staged = _stage(spark, table, files, counts, staging)
+        shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
+        per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
+        rows_quarantined = sum(per_file[f.order][1] for f in files)
+        quarantine_path = None
+        if rows_quarantined:
+            quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
+            _quarantine(spark, _stage(spark, table, [f for f in files if per_file[f.order][1]], counts, None),
+                        quarantine_path)
+    finally:
+        counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
+        TableStorage(table.uri).delete_dir(staging)
+
+    ledger = IngestLedger(table_uri)
+    for f in files:
+        rows, rejected = per_file[f.order]
+        ledger.record(new_ledger_entry(f, rows, rejected, run_id))
+    return IngestReport(
+        files=tuple(f.name for f in files),
+        rows_read=sum(per_file[f.order][0] for f in files),
+        rows_quarantined=rows_quarantined,
+        shards=tuple(shard_stats),
+        elapsed_seconds=time.monotonic() - started,
+        quarantine_path=quarantine_path,
+        per_file={f.name: per_file[f.order] for f in files},
+    )
+
+
+# --------------------------------------------------------------------- driver side
+
+class _PerFileCounts:
+    """Spark accumulator parameter for ``{file order: (rows, rejected rows)}``.
+
+    Merging overwrites, so a task Spark runs again (a retry, a recomputed
+    stage) reports the same values instead of adding them twice.
+    """
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, counts: dict, more: dict) -> dict:  # noqa: N802 (PySpark's name)
+        counts.update(more)
+        return counts
+
+
+@dataclass(frozen=True, order=True)
+class _StagedFile:
+    """One staged file: good rows of ``bucket`` from one task's landing files, the first being ``first_order``."""
+
+    bucket: int
+    first_order: int
+    path: str
+    """Relative to the table root."""
+
+
+@dataclass(frozen=True)
+class _RejectedRow:
+    file: str
+    row: int
+    reason: str
+    record: str | None
+
+
+def _stage(spark, table: LsmTable, files: list[LandingFile], counts, staging: str | None):
+    """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
+
+    Good rows go to staged files under ``staging`` (relative to the table
+    root); ``None`` stages the rejected rows only. Each file's (rows,
+    rejected rows) is added to the accumulator ``counts``. RDDs, not
+    DataFrames: nothing here is a table for Spark, and a Python stage over an
+    RDD starts ~50 ms sooner than one over Arrow batches.
+    """
+    # Tasks get ranges of positions in the file list (shipped with the function).
+    listing = [(f.order, f.name, f.path) for f in files]
+    positions = spark.sparkContext.parallelize(range(len(files)),
+                                               min(len(files), spark.sparkContext.defaultParallelism))
+    uri = table.uri
+    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, staging, counts))
+
+
+def _quarantine(spark, staged, path: str) -> None:
+    rejected = staged.filter(lambda item: isinstance(item, _RejectedRow)) \
+        .map(lambda r: (r.file, r.row, r.reason, r.record))
+    spark.createDataFrame(rejected, _QUARANTINE_SCHEMA).coalesce(1).write.mode("append").json(path)
+
+
+def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
+    """Write the good rows through this process's open writers, shards in parallel (continuous mode)."""
+    started = time.monotonic()
+    written = _write_staged(table, staged.filter(lambda item: isinstance(item, _StagedFile)).collect())
+    return _shard_stats(table, written, time.monotonic() - started)
+
+
+def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
+    """Write the good rows from Spark tasks, each shard by exactly one task (batch mode)."""
+    # One task per core, each writing its shards in a thread per shard, like
+    # the in-process ceiling (with 4 shards on 2 cores, as fast as a task per
+    # shard, and the shape continuous mode uses too).
+    tasks = min(table.num_shards, staged.context.defaultParallelism)
+    by_task = staged.filter(lambda item: isinstance(item, _StagedFile)).map(lambda f: (f.bucket % tasks, f))
+    uri = table.uri
+    # Partition = task exactly (the task number is the partition function).
+    return by_task.partitionBy(tasks, lambda task: task) \
+        .mapPartitions(lambda part: _write_partition([f for _, f in part], uri)).collect()
+
+
+# --------------------------------------------------------------- executor side
+
+def _stage_files(positions: Iterable[int], listing: list[tuple[int, str, str]], uri: str, staging: str | None,
+                 counts) -> Iterator[_StagedFile | _RejectedRow]:
+    """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
+
+    Yields each file's rejected rows as it goes, then this task's staged files.
+    """
+    from pyspark import TaskContext
+
+    table = LsmTable.open(uri)
+    task = TaskContext.get()
+    staged = _StagedFiles(TableStorage(uri), staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
+    first_order = None
+    try:
+        for position in positions:
+            order, name, path = listing[position]
+            first_order = order if first_order is None else first_order
+            parts, rejected, rows_and_rejected = _stage_one_file(table, name, path)
+            for bucket, rows in parts:
+                staged.append(bucket, rows)
+            counts.add({order: rows_and_rejected})
+            yield from rejected
+    finally:
+        files = staged.close()
+    yield from (_StagedFile(bucket, first_order, path) for bucket, path in files)
+
+
+class _StagedFiles:
+    """One Arrow IPC stream per bucket under ``directory``, written by one stage task attempt.
+
+    ``directory`` ``None`` stages nothing (the quarantine pass needs only the rejected rows).
+    """
+
+    def __init__(self, storage: TableStorage, directory: str | None, prefix: str) -> None:
+        self._storage, self._directory, self._prefix = storage, directory, prefix
+        self._open: dict[int, tuple[str, pa.NativeFile, pa.ipc.RecordBatchStreamWriter]] = {}
+
+    def append(self, bucket: int, rows: pa.Table) -> None:
+        if self._directory is None:
+            return
+        if bucket not in self._open:
+            if not self._open:
+                self._storage.fs.create_dir(self._storage.path(self._directory), recursive=True)
+            path = f"{self._directory}/{self._prefix}-bucket-{bucket:05d}.arrows"
+            sink = self._storage.fs.open_output_stream(self._storage.path(path))
+            self._open[bucket] = (path, sink, pa.ipc.new_stream(sink, rows.schema))
+        self._open[bucket][2].write_table(rows)
+
+    def close(self) -> list[tuple[int, str]]:
+        """Close every file; return (bucket, path) of each, in bucket order."""
+        for _, sink, writer in self._open.values():
+            writer.close()
+            sink.close()
+        return sorted((bucket, path) for bucket, (path, _, _) in self._open.items())
+
+
+def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Table]:
+    """The rows of staged files, in order, a batch at a time."""
+    for path in paths:
+        with storage.fs.open_input_stream(storage.path(path)) as source:
+            for batch in pa.ipc.open_stream(source):
+                yield pa.Table.from_batches([batch])
+
+
+def _stage_one_file(table: LsmTable, name: str,
+                    path: str) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
+    """One file's good rows by bucket, its rejected rows and its (rows, rejected rows)."""
+    try:
+        raw, rejections = read_landing_file(path)
+    except UnreadableFileError as exc:
+        return [], _rejected_rows(name, [Rejection(-1, str(exc))], None), (1, 1)
+    try:
+        validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
+    except ValueError as exc:  # e.g. a key column missing from the whole file
+        everything = [Rejection(r, str(exc)) for r in range(raw.num_rows)]
+        return [], _rejected_rows(name, everything, raw), (raw.num_rows, raw.num_rows)
+    # A JSON line that failed to parse was read as an empty row, which
+    # validation rejects for its null key; the parse error explains it better.
+    rejected = {r.row: r for r in validated.rejections}
+    rejected.update({r.row: r for r in rejections})
+    good = validated.valid
+    rejected_rows = _rejected_rows(name, sorted(rejected.values(), key=lambda r: r.row), raw)
+    return _rows_by_bucket(table, good), rejected_rows, (good.num_rows + len(rejected), len(rejected))
+
+
+def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table]]:
+    """Good rows (in file order) split by bucket, each part sorted by ``_seq``.
+
+    The sort is stable, so rows with equal ``_seq`` keep their file order:
+    the write task lets the later of them win. A part's row order is its
+    newest-wins order, so ``_seq`` itself is left out.
+    """
+    if not good.num_rows:
+        return []
+    buckets = table.buckets(good.select(table.primary_key))
+    order = np.lexsort((good[SEQ_COLUMN].to_numpy(), buckets))  # by bucket, then _seq; stable
+    ordered, ordered_buckets = good.drop_columns([SEQ_COLUMN]).take(order), buckets[order]
+    values, starts = np.unique(ordered_buckets, return_index=True)
+    ends = [*starts[1:], good.num_rows]
+    return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends)]
+
+
+def _rejected_rows(name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
+    return [_RejectedRow(name, r.row, r.reason, record)
+            for r, record in zip(rejections, _records(raw, rejections))]
+
+
+def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
+    """Each rejected row as JSON; ``None`` when the whole file was unreadable."""
+    if raw is None or not rejections:
+        return [None] * len(rejections)
+    rows = raw.take(pa.array([r.row for r in rejections], pa.int64())).to_pylist()
+    return [json.dumps(row, default=str) for row in rows]
+
+
+def _write_partition(files: list[_StagedFile], uri: str) -> Iterator[ShardIngestStats]:
+    """Write the staged files of one partition's shards through writers this task opens and closes (runs in a Spark task)."""
+    started = time.monotonic()
+    table = LsmTable.open(uri)
+    try:
+        written = _write_staged(table, files)
+        wal_bytes = _wal_bytes(table)
+    finally:
+        table.close()  # flushes every MemTable, in parallel
+    yield from _shard_stats(table, written, time.monotonic() - started, wal_bytes)
+
+
+def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWriteCount]:
+    """Write the staged files, one thread per shard, each shard's in file order."""
+    paths: dict[str, list[str]] = {}
+    for f in sorted(files):  # by bucket, then first landing file
+        paths.setdefault(table.shard_ids[f.bucket], []).append(f.path)
+    storage = TableStorage(table.uri)
+    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
+        return list(pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])),
+                             paths))
+
+
+def _wal_bytes(table: LsmTable) -> dict[str, int]:
+    return {shard_id: stats.get("wal_flush_bytes", 0) for shard_id, stats in table.writer_stats().items()}
+
+
+def _shard_stats(table: LsmTable, written: list[ShardWriteCount], elapsed: float,
+                 wal_bytes: dict[str, int] | None = None) -> list[ShardIngestStats]:
+    """Stats of the shards that got rows; ``elapsed`` is the time their writing took, together."""
+    wal_bytes = _wal_bytes(table) if wal_bytes is None else wal_bytes
+    return [ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
+            for w in sorted(written, key=lambda w: w.shard_id) if w.upserts or w.deletes]
+
+
+def _write_shard(table: LsmTable, shard_id: str, parts: Iterable[pa.Table]) -> ShardWriteCount:
+    """Write one shard's rows (tables, in order), in chunks of at most a MemTable's rows; return the totals.
+
+    Each chunk is durable in the shard's WAL before the next one is read.
+    """
+    upserts = deletes = 0
+    for chunk in _chunks(parts, table.max_rows_per_put):
+        written = table.write_shard_ordered(shard_id, chunk)
+        upserts, deletes = upserts + written.upserts, deletes + written.deletes
+    return ShardWriteCount(shard_id, upserts, deletes)
+
+
+def _chunks(tables: Iterable[pa.Table], rows_per_chunk: int) -> Iterator[pa.Table]:
+    """Re-cut consecutive tables into chunks of ``rows_per_chunk`` rows (the last may be smaller), in order."""
+    pending: list[pa.Table] = []
+    size = 0
+    for rows in tables:
+        while rows.num_rows:
+            taken = min(rows_per_chunk - size, rows.num_rows)
+            pending.append(rows.slice(0, taken))
+            size += taken
+            rows = rows.slice(taken)
+            if size == rows_per_chunk:
+                yield pa.concat_tables(pending)
+                pending, size = [], 0
+    if pending:
+        yield pa.concat_tables(pending)

@@ -1,0 +1,285 @@
+"""Spark 4 Python data source ``lance_lsm``: the merged view of an LSM table.
+
+::
+
+    register_spark_source(spark)
+    df = spark.read.format("lance_lsm").load(uri)                  # == LsmTable(uri).read()
+    df = spark.read.format("lance_lsm").option("fresh", "false").load(uri)
+    df = spark.read.format("lance_lsm").option("columns", "id,price").load(uri)
+
+Partitioning: one input partition per shard range
+--------------------------------------------------
+
+Newest-wins is decided per key and every key lives in exactly one shard, but
+the base table is not laid out by shard: any base fragment holds keys of every
+shard. Filtering the whole base by key hash in every partition would read the
+base once per shard. Instead, on the driver, :meth:`LsmReader.partitions` pins
+one snapshot (base version, each shard's pending generations, each shard's
+WAL entries up to the newest position seen) and gives partition ``i``:
+
+* its **shard range** ``i``: the newest change per key among shard ``i``'s
+  pending generations (ascending) and its WAL tail (newest) — upserts are
+  returned, tombstones only hide;
+* a **slice of the base fragments** (balanced by row count): each base row is
+  read by exactly one partition and returned unless its key has a newer
+  change in *any* shard's pending levels.
+
+So partition ``i`` also reads the key columns of every shard's pending
+generations (and every shard's WAL tail), which compaction keeps small; the
+base, the bulk of the data, is read once. The union of the partitions is the
+merged view: a key with a pending change appears only from its shard's
+partition, with its newest value; any other key comes from the one base
+fragment that holds its live row. Every file a partition reads is immutable,
+so all partitions see the same snapshot even while writers, flushes and merges
+continue (garbage collection keeps what a pinned base version lists for its
+grace period).
+
+Filter pushdown: comparisons, ``IN``, null checks, ``NOT`` and string
+prefix/suffix/contains on top-level columns become one pyarrow expression,
+applied by Lance to the base scan and to the resolved pending rows — never
+before resolution, which would let an older version of a filtered-out key
+resurface. Spark re-checks nothing it pushed.
+
+Column pruning: Spark 4.3's Python data-source API passes the reader the
+declared schema and does not push projections. The source reads exactly the
+columns of that schema: the ``columns`` option or a user-given schema
+(``spark.read.format("lance_lsm").schema("id long, price double")``) narrows it.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any, Iterator, Sequence
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import (
+    DataSource, DataSourceReader, EqualNullSafe, EqualTo, Filter, GreaterThan, GreaterThanOrEqual,
+    In, InputPartition, IsNotNull, IsNull, LessThan, LessThanOrEqual, Not, StringContains,
+    StringEndsWith, StringStartsWith,
+)
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+from ..read.generations import newest_per_key, read_generations
+from ..read.merged_read import key_join
+from ..format.schema import TOMBSTONE_COLUMN, empty_tail
+from ..format.shard_manifest import list_wal_entries
+from ..format.shard_state import ShardState
+from ..format.storage import TableStorage
+from ..table import LsmTable
+from ..read.wal_tail import read_wal_tail
+
+SOURCE_NAME = "lance_lsm"
+FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+def register_spark_source(spark: SparkSession) -> None:
+    """Register ``lance_lsm`` on ``spark`` (idempotent) and enable Python filter pushdown.
+
+    Spark refuses a Python source that implements ``pushFilters`` unless
+    ``spark.sql.python.filterPushdown.enabled`` is on, so this turns it on.
+    """
+    spark.conf.set(FILTER_PUSHDOWN_CONF, "true")
+    spark.dataSource.register(LsmDataSource)
+
+
+@dataclass(frozen=True)
+class ShardPin:
+    """One shard's pending levels as of the pinned snapshot."""
+
+    shard_id: str
+    generations: tuple[str, ...]
+    """Directories of the generations above the compacted marker, ascending."""
+    wal_after: int
+    wal_up_to: int | None
+    """WAL entries in ``(wal_after, wal_up_to]`` form the tail; ``None``: not read."""
+
+
+@dataclass(frozen=True)
+class ShardRangePartition(InputPartition):
+    """Partition ``index``: shard range ``index`` plus a slice of the base fragments."""
+
+    index: int
+    base_version: int
+    fragment_ids: tuple[int, ...]
+    shards: tuple[ShardPin, ...]
+
+
+class LsmDataSource(DataSource):
+    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh`` and ``columns``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        table = LsmTable.open(self._uri)
+        columns = _columns_option(self.options) or table.schema.names
+        return from_arrow_schema(pa.schema([_plain(table.schema.field(c)) for c in columns]))
+
+    def reader(self, schema: StructType) -> "LsmReader":
+        fresh = str(self.options.get("fresh", "true")).lower() != "false"
+        return LsmReader(self._uri, schema, fresh)
+
+    @property
+    def _uri(self) -> str:
+        uri = self.options.get("path")
+        if not uri:
+            raise ValueError('lance_lsm needs a table URI: spark.read.format("lance_lsm").load(uri)')
+        return uri
+
+
+class LsmReader(DataSourceReader):
+    """Reads the merged view; see the module docstring for partitioning and pushdown."""
+
+    def __init__(self, uri: str, schema: StructType, fresh: bool) -> None:
+        table = LsmTable.open(uri)
+        self.uri = table.uri
+        self.storage_options = table.storage_options
+        self.primary_key = list(table.primary_key)
+        self.table_schema = table.schema
+        self.columns = schema.fieldNames()
+        self.output_schema = to_arrow_schema(schema, timezone="UTC")
+        self.fresh = fresh
+        self.filters: list[Filter] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Keep the filters :func:`filter_expression` can express; return the others to Spark."""
+        for f in filters:
+            if _expression(f, self.table_schema) is None:
+                yield f
+            else:
+                self.filters.append(f)
+
+    def partitions(self) -> Sequence[ShardRangePartition]:
+        """Pin the snapshot and split it into one partition per shard range."""
+        table = LsmTable.open(self.uri, storage_options=self.storage_options)
+        dataset = table.dataset()
+        pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset))
+        slices = _balanced_slices(dataset, len(pins))
+        return [ShardRangePartition(i, dataset.version, slices[i], pins) for i in range(len(pins))]
+
+    def _pin(self, storage: TableStorage, state: ShardState) -> ShardPin:
+        tail = self.fresh and state.unflushed_wal_entries > 0
+        return ShardPin(state.shard_id, tuple(d for _, d in state.pending_generations),
+                        state.replay_after_wal_position,
+                        _last_wal_position(storage, state.shard_id) if tail else None)
+
+    def read(self, partition: ShardRangePartition) -> Iterator[pa.RecordBatch]:
+        """The partition's rows of the merged view, as batches of the declared schema."""
+        storage = TableStorage(self.uri)
+        pending = [self._pending_changes(storage, pin) for pin in partition.shards]
+        newer_keys = pa.concat_tables([p.select(self.primary_key) for p in pending])
+        where = filter_expression(self.filters, self.table_schema)
+        wanted = self.columns + [k for k in self.primary_key if k not in self.columns]
+        dataset = lance.dataset(self.uri, version=partition.base_version, storage_options=self.storage_options)
+        if partition.fragment_ids:
+            fragments = [dataset.get_fragment(f) for f in partition.fragment_ids]
+            for batch in dataset.scanner(columns=wanted, filter=where, fragments=fragments).to_batches():
+                base = key_join(pa.Table.from_batches([batch]), newer_keys, self.primary_key, "left anti")
+                if base.num_rows:
+                    yield from self._output(base)
+        mine = pending[partition.index]
+        live = mine.filter(pc.invert(mine[TOMBSTONE_COLUMN]))
+        yield from self._output(live.filter(where) if where is not None else live)
+
+    def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
+        """Newest change per key of one shard's pending generations and WAL tail (with ``_tombstone``)."""
+        columns = empty_tail(self.table_schema).schema
+        levels = read_generations(self.uri, [(pin.shard_id, d) for d in pin.generations], columns,
+                                  storage_options=self.storage_options)
+        if pin.wal_up_to is not None:
+            levels.append(read_wal_tail(storage, pin.shard_id, pin.wal_after, self.table_schema,
+                                        self.primary_key, up_to_position=pin.wal_up_to))
+        return newest_per_key(levels, columns, self.primary_key)
+
+    def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
+        yield from rows.select(self.columns).cast(self.output_schema).to_batches()
+
+
+def filter_expression(filters: Sequence[Filter], schema: pa.Schema) -> pc.Expression | None:
+    """The AND of ``filters`` as a pyarrow expression (``None`` for no filters).
+
+    Raises
+    ------
+    ValueError
+        If a filter is not expressible (:meth:`LsmReader.pushFilters` never keeps one).
+    """
+    expressions = [_expression(f, schema) for f in filters]
+    if any(e is None for e in expressions):
+        raise ValueError(f"unsupported filter among {filters}")
+    return reduce(operator.and_, expressions) if expressions else None
+
+
+_COMPARISONS = {
+    EqualTo: operator.eq, EqualNullSafe: operator.eq, GreaterThan: operator.gt,
+    GreaterThanOrEqual: operator.ge, LessThan: operator.lt, LessThanOrEqual: operator.le,
+}
+_STRING_MATCHES = {StringStartsWith: pc.starts_with, StringEndsWith: pc.ends_with, StringContains: pc.match_substring}
+
+
+def _expression(f: Filter, schema: pa.Schema) -> pc.Expression | None:
+    """``f`` as a pyarrow expression, or ``None`` when it is not pushed."""
+    if isinstance(f, Not):
+        child = _expression(f.child, schema)
+        return None if child is None else ~child
+    column = _top_level_column(f, schema)
+    if column is None:
+        return None
+    field = pc.field(column)
+    if isinstance(f, EqualNullSafe) and f.value is None:
+        return field.is_null()
+    if type(f) in _COMPARISONS and f.value is not None:
+        return _COMPARISONS[type(f)](field, pc.scalar(f.value))
+    if isinstance(f, In):
+        return field.isin([v for v in f.value if v is not None])
+    if isinstance(f, IsNull):
+        return field.is_null()
+    if isinstance(f, IsNotNull):
+        return field.is_valid()
+    if type(f) in _STRING_MATCHES:
+        return _STRING_MATCHES[type(f)](field, f.value)
+    return None
+
+
+def _top_level_column(f: Filter, schema: pa.Schema) -> str | None:
+    """The filtered column when it is a top-level scalar column of ``schema``."""
+    path: Any = getattr(f, "attribute", None)
+    if not path or len(path) != 1 or path[0] not in schema.names:
+        return None
+    column_type = schema.field(path[0]).type
+    return None if pa.types.is_nested(column_type) else path[0]
+
+
+def _balanced_slices(dataset: lance.LanceDataset, parts: int) -> list[tuple[int, ...]]:
+    """Fragment ids split into ``parts`` slices of similar row counts (largest first, greedy)."""
+    fragments = sorted(dataset.get_fragments(), key=lambda f: f.count_rows(), reverse=True)
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    rows = [0] * parts
+    for fragment in fragments:
+        lightest = rows.index(min(rows))
+        slices[lightest].append(fragment.fragment_id)
+        rows[lightest] += fragment.count_rows()
+    return [tuple(sorted(s)) for s in slices]
+
+
+def _last_wal_position(storage: TableStorage, shard_id: str) -> int:
+    entries = list_wal_entries(storage, shard_id)
+    return entries[-1].position if entries else 0
+
+
+def _columns_option(options: dict) -> list[str]:
+    return [c.strip() for c in str(options.get("columns", "")).split(",") if c.strip()]
+
+
+def _plain(field: pa.Field) -> pa.Field:
+    """A field as Spark declares it: nullable, no Lance metadata, vectors as plain lists."""
+    field_type = field.type
+    if pa.types.is_fixed_size_list(field_type):
+        field_type = pa.list_(field_type.value_type)
+    return pa.field(field.name, field_type, nullable=field.nullable)

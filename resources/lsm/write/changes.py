@@ -1,0 +1,191 @@
+"""Validate and normalize a batch of changes before anything is written.
+
+A change batch has the table's columns plus optional ``_op`` ('upsert' |
+'delete') and ``_seq`` (int64). :func:`validate_changes` finds every bad row
+with a reason (so ingestion can quarantine them) and returns the good rows cast
+to the table schema; :func:`resolve_changes` (or, for rows already in newest-wins order,
+:func:`resolve_ordered_changes`) keeps the winning change per key and splits
+upserts from deletes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import Rejection
+from ..read.dedup import last_per_key
+from ..format.schema import CHANGE_COLUMNS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT, CHANGE_OPS
+
+
+@dataclass(frozen=True)
+class ValidatedChanges:
+    """Rows that passed validation, cast to the table schema, plus rejections.
+
+    ``valid`` keeps the input order and carries ``_op`` (string) and ``_seq``
+    (int64; 0 when the input had none, so the later row wins) columns.
+    """
+
+    valid: pa.Table
+    rejections: list[Rejection]
+
+
+@dataclass(frozen=True)
+class ResolvedChanges:
+    """The winning change per key: full rows to upsert, key rows to delete."""
+
+    upserts: pa.Table
+    deletes: pa.Table
+
+
+def to_arrow(data) -> pa.Table:
+    """Accept a pyarrow Table/RecordBatch/RecordBatchReader or a pandas DataFrame."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.read_all()
+    if hasattr(data, "to_arrow") and not hasattr(data, "columns"):
+        return data.to_arrow()
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise TypeError(f"cannot write {type(data).__name__}; pass a pyarrow Table or pandas DataFrame")
+
+
+def validate_changes(data, schema: pa.Schema, primary_key: list[str], *,
+                     reject_unknown_columns: bool = False) -> ValidatedChanges:
+    """Check every row of ``data`` against ``schema`` and the change-column rules.
+
+    A row is rejected for a null key, a value not castable to its column type,
+    an unknown ``_op``, a null ``_seq``, or (for upserts) a null in a
+    non-nullable column. Columns the table does not have raise at once, or,
+    with ``reject_unknown_columns``, reject the rows that hold a value in them
+    (a landing file must not lose data silently).
+
+    Raises
+    ------
+    ValueError
+        If the batch lacks a key column, or has unknown columns and
+        ``reject_unknown_columns`` is false.
+    """
+    table = to_arrow(data)
+    missing_keys = [k for k in primary_key if k not in table.column_names]
+    if missing_keys:
+        raise ValueError(f"primary-key columns {missing_keys} are missing from the batch")
+    unknown = [c for c in table.column_names if c not in schema.names and c not in CHANGE_COLUMNS]
+    if unknown and not reject_unknown_columns:
+        raise ValueError(f"unknown columns {unknown}; the table has {schema.names} (+ optional _op, _seq)")
+
+    reasons: dict[int, str] = {}
+    for name in unknown:
+        for row in np.flatnonzero(table[name].is_valid().to_numpy(zero_copy_only=False)):
+            reasons.setdefault(int(row), f"unknown column {name!r} holds {table[name][int(row)].as_py()!r}")
+    ops = _ops_column(table, reasons)
+    seqs = _seq_column(table, reasons)
+    is_delete = pc.fill_null(pc.equal(ops, DELETE), False)
+    columns = {}
+    for target in schema:
+        columns[target.name] = _cast_column(table, target, primary_key, is_delete, reasons)
+    columns[OP_COLUMN] = ops
+    columns[SEQ_COLUMN] = seqs
+    normalized = pa.table(columns)
+
+    rejections = [Rejection(row, reason) for row, reason in sorted(reasons.items())]
+    if rejections:
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[[r.row for r in rejections]] = False
+        normalized = normalized.filter(pa.array(keep))
+    return ValidatedChanges(normalized, rejections)
+
+
+def resolve_changes(valid: pa.Table, schema: pa.Schema, primary_key: list[str]) -> ResolvedChanges:
+    """Keep one change per key: the highest ``_seq``, later rows winning ties.
+
+    Deletes of keys that do not exist are kept; applying them is a no-op.
+    """
+    # A stable sort by _seq keeps input order among equal _seq values, so the
+    # last row of each key after sorting is the winner.
+    by_seq = valid.take(pc.array_sort_indices(valid[SEQ_COLUMN], order="ascending"))
+    return resolve_ordered_changes(by_seq, schema, primary_key)
+
+
+def resolve_ordered_changes(ordered: pa.Table, schema: pa.Schema, primary_key: list[str]) -> ResolvedChanges:
+    """Keep one change per key: the last row of the key (rows are in newest-wins order).
+
+    ``ordered`` has the table's columns and ``_op``; any ``_seq`` is ignored.
+    Deletes of keys that do not exist are kept; applying them is a no-op.
+    """
+    winners = last_per_key(ordered, primary_key)
+    is_delete = pc.equal(ordered[OP_COLUMN], DELETE).to_numpy(zero_copy_only=False)
+    # Each side is copied out once, and only with the columns it keeps.
+    upserts = ordered.select(schema.names).filter(pa.array(winners & ~is_delete)).cast(schema)
+    deletes = ordered.select(primary_key).filter(pa.array(winners & is_delete))
+    return ResolvedChanges(upserts=upserts, deletes=deletes)
+
+
+def _ops_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
+    if OP_COLUMN not in table.column_names:
+        return pa.array([UPSERT] * table.num_rows, pa.string())
+    ops = pc.utf8_lower(pc.utf8_trim_whitespace(table[OP_COLUMN].cast(pa.string()))).combine_chunks()
+    known = pc.fill_null(pc.is_in(ops, pa.array(CHANGE_OPS)), False)
+    for row in np.flatnonzero(~known.to_numpy(zero_copy_only=False)):
+        raw = table[OP_COLUMN][int(row)].as_py()
+        reasons.setdefault(int(row), f"_op={raw!r} is not one of {list(CHANGE_OPS)}")
+    return ops
+
+
+def _seq_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
+    if SEQ_COLUMN not in table.column_names:
+        return pa.array(np.zeros(table.num_rows, dtype=np.int64))
+    cast = _cast_values(table[SEQ_COLUMN], pa.int64(), SEQ_COLUMN, reasons)
+    for row in np.flatnonzero(cast.is_null().to_numpy(zero_copy_only=False)):
+        reasons.setdefault(int(row), "_seq is null")
+    return cast
+
+
+def _cast_column(table: pa.Table, target: pa.Field, primary_key: list[str],
+                 is_delete: pa.Array, reasons: dict[int, str]) -> pa.Array:
+    if target.name not in table.column_names:
+        if target.name in primary_key:  # checked by the caller; kept for clarity
+            raise ValueError(f"primary-key column {target.name!r} is missing")
+        values = pa.nulls(table.num_rows, target.type)
+    else:
+        values = _cast_values(table[target.name], target.type, target.name, reasons)
+    nulls = values.is_null().to_numpy(zero_copy_only=False)
+    if target.name in primary_key:
+        for row in np.flatnonzero(nulls):
+            reasons.setdefault(int(row), f"primary-key column {target.name!r} is null")
+    elif not target.nullable:
+        upsert_nulls = nulls & ~is_delete.to_numpy(zero_copy_only=False)
+        for row in np.flatnonzero(upsert_nulls):
+            reasons.setdefault(int(row), f"non-nullable column {target.name!r} is null")
+    return values
+
+
+def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str,
+                 reasons: dict[int, str]) -> pa.Array:
+    """Cast a column; values that do not cast become null and are rejected."""
+    column = column.combine_chunks()
+    try:
+        return column.cast(target, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        pass
+    values = []
+    for row, value in enumerate(column):
+        if not value.is_valid:
+            values.append(None)
+            continue
+        try:
+            values.append(value.cast(target, safe=True).as_py())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            reasons.setdefault(row, f"{name}={value.as_py()!r} is not a valid {target}")
+            values.append(None)
+    return pa.array(values, target)

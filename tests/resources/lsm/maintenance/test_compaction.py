@@ -1,0 +1,302 @@
+"""Merge into base: the merged view never changes and every generation lands exactly once.
+
+Real Lance tables on disk; crashes are real SIGKILLs of a subprocess.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import lance
+import pyarrow as pa
+import pytest
+from lance.dataset import MergeInsertBuilder
+
+from resources.lsm import LsmTable, MaintenancePolicy
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
+from resources.lsm.format.compaction_marker import read_compacted_generations
+from tests.helpers import rows_by_key
+from tests.resources.lsm.maintenance.maintenance_helpers import (
+    assert_base_sane, assert_view, build_change_table, marker_advances, markers_only_advance, merge_commits,
+    oracle_view, run_worker,
+)
+
+
+def _generations(table: LsmTable) -> dict[str, tuple[int, ...]]:
+    return {s.shard_id: tuple(g for g, _ in s.pending_generations) for s in table.shards()}
+
+
+def _marker_history(table: LsmTable, shard_id: str) -> list[int]:
+    markers = [read_compacted_generations(table.storage, v["version"]).get(shard_id, 0)
+               for v in table.dataset().versions()]
+    return sorted(set(markers))
+
+
+def test_shard_by_shard_compaction_keeps_the_view_and_fills_the_base(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    pending = _generations(table)
+    assert all(len(g) == len(batches) - 1 for g in pending.values())
+
+    results = []
+    for shard_id in table.shard_ids:
+        (result,) = table.compact(shard_id, max_rows_per_pass=250).shards
+        results.append(result)
+        assert result.generations_merged == pending[shard_id]
+        assert result.passes > 1  # 5 generations of ~170 rows each do not fit in 250 rows
+        assert (result.compacted_generation, result.pending_generations) == (pending[shard_id][-1], 0)
+        assert result.oldest_pending_age_seconds is None
+        assert_view(table, batches)
+        assert_base_sane(table.uri)
+
+    assert sum(r.deletes_applied for r in results) > 0
+    # Everything flushed is in the base; the WAL tail is still only in the WAL.
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches[:-1])
+    assert rows_by_key(table.read(fresh=False)) == oracle_view(batches[:-1])
+    assert marker_advances(table) == {r.shard_id: r.passes for r in results}
+
+    again = table.compact()
+    assert again.generations_merged == 0 and again.maintenance is None
+    assert marker_advances(table) == {r.shard_id: r.passes for r in results}
+
+
+def test_a_pass_stops_at_the_row_bound_but_takes_at_least_one_generation(tmp_path):
+    table, _ = build_change_table(str(tmp_path / "a.lance"), num_shards=1, num_batches=4, batch_size=200)
+    shard = table.shard_ids[0]
+    sizes = [lance.dataset(f"{table.uri}/_mem_wal/{shard}/{d}").count_rows()
+             for _, d in table.shards()[0].pending_generations]
+    other = shutil.copytree(table.uri, tmp_path / "b.lance")
+
+    table.compact(max_rows_per_pass=1)
+    assert _marker_history(table, shard) == [0, 1, 2, 3]
+
+    table = LsmTable.open(str(other))
+    table.compact(max_rows_per_pass=sizes[0] + sizes[1])
+    assert _marker_history(table, shard) == [0, 2, 3]
+
+
+def test_deletes_reinserts_and_updates_across_generations(make_table):
+    table = make_table(num_shards=2)
+    lowest = -(2**63)  # the one int64 that needs special SQL
+
+    def flush(rows: list[dict]) -> None:
+        table.write(pa.Table.from_pylist(rows, schema=table.schema.append(pa.field("_op", pa.string()))))
+        table.close()
+
+    def up(key: int, name: str) -> dict:
+        return {"id": key, "name": name, "price": 1.0, "_op": "upsert"}
+
+    def delete(key: int) -> dict:
+        return {"id": key, "_op": "delete"}
+
+    flush([up(k, "v1") for k in (lowest, 1, 2, 3, 4, 5)])
+    table.compact()
+    flush([delete(1), delete(2), up(3, "v2"), up(7, "v2"), delete(lowest)])
+    flush([up(1, "v3"), delete(7), delete(100), up(3, "v3")])
+    result = table.compact()
+
+    expected = {(1,): "v3", (3,): "v3", (4,): "v1", (5,): "v1"}
+    assert {k: r["name"] for k, r in rows_by_key(table.read()).items()} == expected
+    assert {k: r["name"] for k, r in rows_by_key(lance.dataset(table.uri).to_table()).items()} == expected
+    # Base rows touched: 1 and 3 updated; 2 and the lowest key deleted (7 and 100 never reached the base).
+    assert (result.rows_upserted, result.rows_deleted) == (2, 2)
+
+
+def test_a_key_written_many_times_within_one_generation_lands_once_with_its_last_write(make_table):
+    table = make_table(num_shards=1)
+    for name in ("a", "b", None, "c"):  # None: a delete in between
+        row = {"id": [7], "_op": ["delete"]} if name is None else {"id": [7], "name": [name], "price": [1.0]}
+        table.write(pa.table(row))
+    table.write(pa.table({"id": [8], "name": ["x"], "price": [1.0]}))
+    table.write(pa.table({"id": [8], "_op": ["delete"]}))
+    table.close()
+    assert len(table.shards()[0].pending_generations) == 1
+
+    result = table.compact()
+    assert (result.rows_upserted, result.rows_deleted) == (1, 0)
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == {(7,): {"id": 7, "name": "c", "price": 1.0}}
+
+
+def test_composite_keys_with_awkward_strings_are_deleted_exactly(make_table):
+    schema = pa.schema([("region", pa.string()), ("id", pa.int32()), ("name", pa.string())])
+    table = make_table(schema, primary_key=("region", "id"), num_shards=2)
+    regions = ["eu", "o'b|1:x", "1:o", "", "é|", "x\\"]
+    table.write(pa.table({"region": [r for r in regions for _ in range(3)],
+                          "id": pa.array([i for _ in regions for i in range(3)], pa.int32()),
+                          "name": ["v1"] * (3 * len(regions))}))
+    table.close()
+    table.compact()
+    doomed = [("o'b|1:x", 1), ("1:o", 2), ("", 0), ("é|", 1), ("x\\", 2), ("nowhere", 1)]
+    table.write(pa.table({"region": [r for r, _ in doomed], "id": pa.array([i for _, i in doomed], pa.int32()),
+                          "_op": ["delete"] * len(doomed)}))
+    table.close()
+    result = table.compact()
+
+    expected = {(r, i) for r in regions for i in range(3)} - set(doomed)
+    assert set(rows_by_key(table.read(), ("region", "id"))) == expected
+    assert set(rows_by_key(lance.dataset(table.uri).to_table(), ("region", "id"))) == expected
+    assert result.rows_deleted == len(doomed) - 1
+
+
+def test_concurrent_compactions_of_a_shard_commit_once(tmp_path, monkeypatch):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=1)
+    both_planned = threading.Barrier(2, timeout=30)
+    original = MergeInsertBuilder.execute
+    state = threading.local()
+
+    def execute(self, *args, **kwargs):
+        if not getattr(state, "waited", False):  # hold both first commits until both planned
+            state.waited = True
+            both_planned.wait()
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MergeInsertBuilder, "execute", execute)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: LsmTable.open(table.uri).compact().shards[0], range(2)))
+
+    winner, loser = sorted(results, key=lambda r: -r.passes)
+    assert (winner.passes, loser.passes) == (1, 0)
+    assert loser.conflicts >= 1 and loser.generations_merged == ()
+    assert winner.generations_merged == tuple(range(1, len(batches)))
+    assert marker_advances(table) == {table.shard_ids[0]: 1}
+    assert_view(table, batches)
+    assert_base_sane(table.uri)
+
+
+def test_generations_flushed_during_a_merge_wait_for_the_next_one(tmp_path, monkeypatch):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    before = _generations(table)
+    late = next(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=1, batch_size=300, seed=99)))
+    original = MergeInsertBuilder.execute
+
+    def execute(self, *args, **kwargs):
+        if late is not None and not getattr(execute, "done", False):
+            execute.done = True
+            writer = LsmTable.open(table.uri)
+            writer.write(late)
+            writer.close()  # replays the WAL tail and flushes it with `late`: a new generation
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MergeInsertBuilder, "execute", execute)
+    result = table.compact()
+    assert {r.shard_id: r.generations_merged for r in result.shards} == before
+    assert all(r.pending_generations == 1 and r.oldest_pending_age_seconds >= 0 for r in result.shards)
+    assert_view(table, batches + [late])
+
+    monkeypatch.setattr(MergeInsertBuilder, "execute", original)
+    table.compact()
+    assert all(not s.pending_generations for s in table.shards())
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches + [late])
+
+
+def test_writers_running_during_compaction_lose_nothing(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=6, batch_size=300, seed=11)))
+
+    def write_and_flush() -> None:
+        writer = LsmTable.open(table.uri)
+        for batch in more:
+            writer.write(batch)
+            writer.flush()
+
+    thread = threading.Thread(target=write_and_flush)
+    thread.start()
+    merged = 0
+    while thread.is_alive():
+        merged += table.compact(maintenance=None).generations_merged
+    thread.join()
+    merged += table.compact().generations_merged
+
+    assert merged == sum(len(s.flushed_generations) for s in table.shards())
+    assert_view(table, batches + more)
+    assert_base_sane(table.uri)
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches + more)
+
+
+def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    result = table.compact(max_rows_per_pass=250, maintenance=MaintenancePolicy(max_small_fragments=2))
+
+    assert result.maintenance.files_compacted and result.maintenance.indices_optimized
+    base = table.dataset()
+    assert base.version == result.maintenance.base_version
+    assert len(base.get_fragments()) <= 2
+    assert base.stats.index_stats("id_idx")["num_unindexed_rows"] == 0
+    assert {s.shard_id: s.compacted_generation for s in table.shards()} == {
+        r.shard_id: r.compacted_generation for r in result.shards}
+    assert_view(table, batches)
+
+
+def test_compact_rejects_unknown_shards_and_empty_passes(make_table):
+    table = make_table()
+    with pytest.raises(ValueError, match="unknown shards"):
+        table.compact("00000000-0000-0000-0000-000000000000")
+    with pytest.raises(ValueError, match="max_rows_per_pass"):
+        table.compact(max_rows_per_pass=0)
+
+
+def test_one_commit_merges_every_shard(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    pending = _generations(table)
+
+    result = table.compact(maintenance=None)
+
+    assert merge_commits(table) == 1
+    assert {r.shard_id: (r.generations_merged, r.passes) for r in result.shards} == {
+        s: (g, 1) for s, g in pending.items()}
+    assert len({r.base_version for r in result.shards}) == 1
+    assert sum(r.deletes_applied for r in result.shards) > 0
+    assert result.rows_deleted == 0  # the base was empty: the deleted keys had not reached it
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches[:-1])
+    assert_view(table, batches)
+
+
+# ---------------------------------------------------------------- crash matrix
+
+@pytest.fixture(scope="module")
+def crash_template(tmp_path_factory):
+    """One table (3 shards x 5 generations + a WAL tail) copied for every crash scenario."""
+    uri = str(tmp_path_factory.mktemp("crash") / "template.lance")
+    _, batches = build_change_table(uri)
+    return uri, batches
+
+
+def _assert_recovers(uri: str, batches: list[pa.Table]) -> None:
+    """The view is intact now, and a clean re-run merges the rest exactly once."""
+    table = LsmTable.open(uri)
+    assert_view(table, batches)
+    assert_base_sane(uri)
+    table.compact()
+    assert_view(table, batches)
+    assert_base_sane(uri)
+    assert markers_only_advance(table)
+    assert all(s.compacted_generation == s.flushed_generations[-1][0] for s in table.shards())
+    assert rows_by_key(lance.dataset(uri).to_table()) == oracle_view(batches[:-1])
+
+
+@pytest.mark.parametrize(("mode", "nth"), [("before-commit", 1), ("before-commit", 3),
+                                           ("after-commit", 1), ("after-commit", 3)])
+def test_compaction_killed_before_or_after_a_commit(crash_template, tmp_path, mode, nth):
+    template, batches = crash_template
+    uri = str(shutil.copytree(template, tmp_path / "t.lance"))
+
+    assert run_worker(uri, "compact", mode, nth) == -signal.SIGKILL
+    committed = nth - 1 if mode == "before-commit" else nth
+    assert merge_commits(LsmTable.open(uri)) == committed
+    _assert_recovers(uri, batches)
+
+
+def test_compactions_killed_at_random_moments_during_commits(crash_template, tmp_path):
+    template, batches = crash_template
+    uri = str(shutil.copytree(template, tmp_path / "t.lance"))
+    rng = random.Random(5)
+    for _ in range(5):
+        run_worker(uri, "compact", "during-commit", 1, rng.uniform(0.0, 0.02))
+        table = LsmTable.open(uri)
+        assert_view(table, batches)
+        assert_base_sane(uri)
+        assert markers_only_advance(table)
+    _assert_recovers(uri, batches)

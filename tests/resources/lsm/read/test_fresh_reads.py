@@ -1,0 +1,84 @@
+"""Fresh reads across processes: rows acknowledged by another process's writer are
+visible at once (from its WAL), and stay visible after that process is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from tests.helpers import rows_by_key
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def writer_process():
+    """Start ``writer_child`` on a table; SIGKILL it at the end if still alive."""
+    started: list[subprocess.Popen] = []
+
+    def start(uri: str) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "tests.resources.lsm.read.writer_child", uri],
+                                   cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def acknowledge(process: subprocess.Popen, op: str, first: int, count: int) -> None:
+    process.stdin.write(f"{op} {first} {count}\n")
+    process.stdin.flush()
+    assert process.stdout.readline().strip() == f"ack {first}"
+
+
+def test_rows_acknowledged_in_another_process_are_read_fresh_and_survive_sigkill(make_table, writer_process):
+    table = make_table()
+    table.write(pa.table({"id": pa.array(range(0, 50), pa.int64()), "name": ["parent"] * 50,
+                          "price": [1.0] * 50}))
+    table.close()  # a flushed generation under the child's WAL-only rows
+    child = writer_process(table.uri)
+
+    acknowledge(child, "upsert", 40, 30)  # rewrites 40..49, adds 50..69
+    acknowledge(child, "delete", 0, 1)
+    assert child.poll() is None, "the writer keeps running"
+    fresh = rows_by_key(table.read())
+    assert set(fresh) == {(k,) for k in range(1, 70)}
+    assert all(fresh[(k,)]["name"] == "child" for k in range(40, 70))
+    assert all(fresh[(k,)]["name"] == "parent" for k in range(1, 40))
+    assert table.count() == 69
+    assert table.lookup([45, 65])["name"].to_pylist() == ["child", "child"]
+
+    stale = rows_by_key(table.read(fresh=False))
+    assert all(stale[(k,)]["name"] == "parent" for k in range(40, 50)) and (60,) not in stale
+
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert rows_by_key(table.read()) == fresh
+    assert sum(s.unflushed_wal_entries for s in table.shards()) > 0, "still only in the WAL"
+    table.flush()
+    assert rows_by_key(table.read(fresh=False)) == fresh
+
+
+def test_base_commits_by_another_process_are_seen_by_a_reader_with_warm_caches(make_table):
+    table = make_table()
+    table.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["before"] * 10, "price": [1.0] * 10}))
+    table.close()
+    table.compact()
+    assert table.lookup([3])["name"].to_pylist() == ["before"]  # base index and metadata now cached
+
+    commit = ("import lance, pyarrow as pa, sys; ds = lance.dataset(sys.argv[1]); "
+              "ds.merge_insert('id').when_matched_update_all().execute("
+              "pa.table({'id': pa.array([3], pa.int64()), 'name': ['after'], 'price': [2.0]}).cast(ds.schema))")
+    subprocess.run([sys.executable, "-c", commit, table.uri], check=True)
+    assert table.lookup([3])["name"].to_pylist() == ["after"]
+    assert rows_by_key(table.read(fresh=False))[(3,)]["name"] == "after"

@@ -1,0 +1,88 @@
+"""The merged full scan, and the resolved pending generations it keeps between reads."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pyarrow as pa
+import pytest
+
+from resources.lsm import LsmTable, merged_read
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
+from tests.helpers import rows_by_key
+from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
+
+EVERYTHING = dict(orphan_grace_seconds=0, wal_grace_seconds=0, older_than=timedelta(0))
+
+
+def assert_reads(table: LsmTable, batches) -> None:
+    """Full, projected and filtered scans of one table object all match the oracle."""
+    expected = oracle_view(batches)
+    assert rows_by_key(table.read()) == expected
+    assert sorted(table.read(columns=["id"])["id"].to_pylist()) == sorted(k for (k,) in expected)
+    paid = {k: row for k, row in expected.items() if row["status"] == "paid"}
+    assert rows_by_key(table.read(filter="status = 'paid'")) == paid
+
+
+def test_one_table_object_reads_right_while_generations_come_and_go(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=3)
+    assert_reads(table, batches)
+    assert_reads(table, batches)  # the same sets of generations again: resolved ones reused
+
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=500, seed=11)))
+    table.write(more[0])
+    table.close()  # a new generation in every shard
+    assert_reads(table, batches + more[:1])
+
+    table.compact(max_rows_per_pass=700)  # a few generations leave the pending set
+    assert_reads(table, batches + more[:1])
+    table.write(more[1])
+    table.compact()
+    table.gc(**EVERYTHING)
+    assert_reads(table, batches + more)
+
+
+def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
+    table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    cache = merged_read.PendingGenerations(capacity=2)
+    snapshot = table.snapshot(fresh=False)
+    everything, keys = (snapshot.tail.schema, snapshot.tail.select(["id", "_tombstone"]).schema)
+
+    first = cache.resolved(snapshot, everything)
+    assert first.num_rows and cache.resolved(snapshot, everything) is first
+    assert cache.resolved(snapshot, keys).column_names == ["id", "_tombstone"]
+
+    table.write(next(iter(generate_changes(ChangeStreamSpec(num_keys=100, num_batches=1, batch_size=50)))))
+    table.close()
+    after_flush = cache.resolved(table.snapshot(fresh=False), everything)
+    assert after_flush is not first and after_flush.num_rows >= first.num_rows
+    # Capacity 2: the oldest projection was dropped, the first set is read again.
+    assert cache.resolved(snapshot, everything) is not first
+    assert cache.resolved(snapshot, everything).equals(first)
+
+
+@pytest.mark.parametrize("pending", [
+    [5, 6, 7, 1000],                      # a narrow range: the bitmap
+    [-3, 0, 2, 9],                        # negative keys
+    [-(2**63), 0, 2**63 - 1],             # a range too wide for a bitmap: Arrow's hash set
+    [],
+])
+def test_key_filter_drops_exactly_the_pending_keys(pending):
+    base = pa.record_batch({"id": pa.array([-(2**63), -3, -1, 0, 5, 8, 1000, 2**63 - 1, 7], pa.int64()),
+                            "v": pa.array(range(9), pa.int64())})
+    keys = pa.table({"id": pa.array(pending, pa.int64())})
+    kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
+    assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
+    assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9)) if k not in pending]
+
+
+def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
+    table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    snapshot = table.snapshot(fresh=False)
+    shape = snapshot.tail.schema
+    tight = merged_read.PendingGenerations(max_bytes=1024)
+    first = tight.resolved(snapshot, shape)
+    assert first.nbytes > 1024 and tight.resolved(snapshot, shape) is not first
+    roomy = merged_read.PendingGenerations(max_bytes=first.nbytes)
+    kept = roomy.resolved(snapshot, shape)
+    assert roomy.resolved(snapshot, shape) is kept and kept.equals(first)
