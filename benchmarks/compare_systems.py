@@ -416,7 +416,7 @@ INGEST_PHASES = {
 
 def profile_ingestion() -> dict[str, float]:
     """Wrap the steps of ``INGEST_PHASES`` with timers; return the dict they add seconds to."""
-    from resources.lsm import spark_ingest
+    from resources.lsm.spark import ingest as spark_ingest
 
     phases: dict[str, float] = {}
     for name, label in INGEST_PHASES.items():

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resources.lsm import LsmTable  # noqa: E402
-from resources.lsm import spark_ingest  # noqa: E402
+from resources.lsm.spark import ingest as spark_ingest  # noqa: E402
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files  # noqa: E402
 from resources.lsm.write.changes import resolve_changes, validate_changes  # noqa: E402
 from resources.lsm.ingest.landing import list_landing_files  # noqa: E402

@@ -30,7 +30,7 @@ import pyarrow as pa
 from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable
-from resources.lsm import gc as lsm_gc
+from resources.lsm.maintenance import gc as lsm_gc
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.lsm.format.compaction_marker import read_compacted_generations
 from resources.lsm.format.schema import TOMBSTONE_COLUMN

@@ -11,7 +11,8 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 
-from resources.lsm import LsmTable, merged_read
+from resources.lsm import LsmTable
+from resources.lsm.read import merged_read
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from resources.lsm.ingest.landing import STAGING_DIR
 from resources.lsm.format.schema import PRIMARY_KEY_METADATA, TOMBSTONE_COLUMN, empty_tail

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pyarrow as pa
 import pytest
 
-from resources.lsm import LsmTable, merged_read
+from resources.lsm import LsmTable
+from resources.lsm.read import merged_read
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
