@@ -28,7 +28,8 @@ from .write.changes import ( resolve_changes, resolve_ordered_changes, to_arrow,
                       validate_changes)
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .format.compaction_marker import read_compacted_generations
-from .maintenance.gc import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION, GcResult, collect_garbage
+from .maintenance.gc import GcResult, collect_garbage
+from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read.pk_bloom import GenerationFilters
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
@@ -363,7 +364,7 @@ class LsmTable:
     # ------------------------------------------------------------- maintenance
 
     def compact(self, shard: str | None = None, *,
-                max_rows_per_pass: int = compaction.DEFAULT_MAX_ROWS_PER_PASS,
+                max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
                 maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
         """Merge flushed generations into the base table (one shard, or all).
 

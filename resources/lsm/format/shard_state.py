@@ -39,6 +39,10 @@ class ShardState:
         without entries, or on stores that keep no modification times).
     oldest_pending_mtime_ns
         When the oldest generation above the compacted marker was flushed.
+    pending_rows
+        Rows written to the generations above the compacted marker, as their
+        manifest entries count them (superseded duplicates included; a
+        generation whose count the writer left out adds 0).
     orphan_directories
         Generation directories on storage that the manifest does not list;
         never read, removed by garbage collection.
@@ -58,6 +62,7 @@ class ShardState:
     unflushed_wal_last_mtime_ns: int | None
     oldest_pending_mtime_ns: int | None
     orphan_directories: tuple[str, ...]
+    pending_rows: int = 0
 
     @property
     def pending_generations(self) -> tuple[tuple[int, str], ...]:
@@ -93,6 +98,8 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
         unflushed_wal_last_mtime_ns=max(wal_mtimes, default=None),
         oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending else None,
         orphan_directories=orphans,
+        pending_rows=sum(s.physical_rows or 0 for s in manifest.sstables if s.generation > compacted_generation)
+        if manifest else 0,
     )
 
 

@@ -9,33 +9,12 @@ reaches ``stop_generations``, ingestion either waits for the merge to catch up
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable
 
-from ..table import LsmTable
+from .policy import BackpressureError, BackpressurePolicy
 
-
-class BackpressureError(RuntimeError):
-    """Ingestion refused: some shards have too many generations awaiting merge."""
-
-
-@dataclass(frozen=True)
-class BackpressurePolicy:
-    """When and how ingestion yields to merging.
-
-    Attributes
-    ----------
-    stop_generations
-        Pending (un-merged) generations in one shard at which ingestion stops.
-    mode
-        ``"wait"``: poll until every shard is below the threshold (at most
-        ``max_wait_seconds``, then fail); ``"fail"``: fail at once.
-    """
-
-    stop_generations: int = 16
-    mode: Literal["wait", "fail"] = "wait"
-    max_wait_seconds: float = 900.0
-    poll_seconds: float = 5.0
+if TYPE_CHECKING:
+    from ..table import LsmTable
 
 
 def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy,

@@ -61,11 +61,11 @@ from ..read.dedup import keep_last_per_key
 from ..read.generations import generation_rows, open_generation
 from ..format.schema import TOMBSTONE_COLUMN, empty_tail
 from ..format.shard_state import ShardState
+from .policy import DEFAULT_MAX_ROWS_PER_PASS
 
 if TYPE_CHECKING:
     from .table import LsmTable
 
-DEFAULT_MAX_ROWS_PER_PASS = 1_000_000
 MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
 

@@ -65,6 +65,7 @@ from ..ingest.landing import STAGING_DIR
 from ..format.shard_manifest import (decode_shard_manifest, list_generation_dirs, list_wal_entries,
                              parse_position, read_shard_manifest, shard_dir)
 from ..format.storage import TableStorage
+from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
 
 if TYPE_CHECKING:
     from .table import LsmTable
@@ -72,8 +73,6 @@ if TYPE_CHECKING:
 GenerationDirs = Sequence[tuple[int, str]]
 """``(generation, directory)`` pairs."""
 
-DEFAULT_GRACE_SECONDS = 3600.0
-DEFAULT_VERSION_RETENTION = timedelta(hours=1)
 
 # lance.table.MemWalIndexDetails.index_catchup and IndexCatchupProgress (protos/table.proto)
 _DETAILS_INDEX_CATCHUP = 10
