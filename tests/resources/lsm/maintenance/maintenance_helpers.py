@@ -36,7 +36,7 @@ from resources.lsm.format.compaction_marker import read_compacted_generations
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from tests.helpers import rows_by_key
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 UNFLUSHED_BATCHES = 1
 CRASH_PASS_ROWS = 400
 

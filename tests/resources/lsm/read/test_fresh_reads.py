@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import rows_by_key
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture

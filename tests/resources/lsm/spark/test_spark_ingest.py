@@ -19,7 +19,7 @@ from resources.lsm.ingest.landing import STAGING_DIR, IngestLedger
 from resources.lsm.spark.ingest import ingest_landing_files
 from tests.helpers import rows_by_key
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def _view(table: LsmTable) -> dict:
