@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import lance
 import numpy as np
@@ -316,15 +316,17 @@ class LsmTable:
         """
         return self._router.buckets(rows)
 
-    def flush(self, shard: str | None = None) -> list[str]:
+    def flush(self, shard: str | Sequence[str] | None = None) -> list[str]:
         """Flush unflushed WAL data into new generations; return the shards flushed.
+
+        ``shard`` is one shard id, several, or ``None`` for every shard.
 
         A shard this object writes to has its writer closed (flushing its
         MemTable). Any other shard with WAL entries after its replay position
         (a crashed writer, an idle shard) is claimed with a new writer, which
         replays the WAL, and closed again.
         """
-        targets = [shard] if shard else self.shard_ids
+        targets = self._shard_list(shard)
         states = {s.shard_id: s for s in self.shards()}
         to_flush = [s for s in targets if s in self._writers or states[s].unflushed_wal_entries > 0]
 
@@ -363,10 +365,10 @@ class LsmTable:
 
     # ------------------------------------------------------------- maintenance
 
-    def compact(self, shard: str | None = None, *,
+    def compact(self, shard: str | Sequence[str] | None = None, *,
                 max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
                 maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
-        """Merge flushed generations into the base table (one shard, or all).
+        """Merge flushed generations into the base table (one shard, several, or all for ``None``).
 
         Per shard, the generations the manifest lists above the compacted
         marker when the call starts are merged in ascending order, newest
@@ -376,7 +378,7 @@ class LsmTable:
         twice. Afterwards the base's files and indexes are tidied per
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
-        return compaction.compact(self, [shard] if shard else self.shard_ids,
+        return compaction.compact(self, self._shard_list(shard),
                                   max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
 
     def gc(self, *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -459,7 +461,7 @@ class LsmTable:
         next, so a reader of the base plus these states misses nothing. The
         markers are decoded once for all shards.
         """
-        dataset = dataset or self.dataset()
+        dataset = self.dataset() if dataset is None else dataset
         compacted = read_compacted_generations(self.storage, dataset.version)
         wanted = None if shard_ids is None else set(shard_ids)
         return [
@@ -487,7 +489,7 @@ class LsmTable:
         ``fresh``) each shard's WAL tail: the input of the read path
         (:mod:`resources.lsm.read.merged_read`).
         """
-        dataset = dataset or self.dataset()
+        dataset = self.dataset() if dataset is None else dataset
         states = self.shard_states(dataset, shard_ids)
         tails = [
             read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
@@ -496,6 +498,12 @@ class LsmTable:
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
         return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
                                         self.storage_options, self._session, self._pending_cache)
+
+    def _shard_list(self, shard: str | Sequence[str] | None) -> list[str]:
+        """``shard`` as a list of shard ids (every shard for ``None``)."""
+        if shard is None:
+            return list(self.shard_ids)
+        return [shard] if isinstance(shard, str) else list(shard)
 
     def _key_table(self, keys) -> pa.Table:
         key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])
