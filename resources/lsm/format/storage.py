@@ -45,6 +45,15 @@ class TableStorage:
             for info in self.fs.get_file_info(selector)
         ]
 
+    def move(self, relative: str, to: str) -> None:
+        """Move a file (a rename where the store has one), creating ``to``'s directory."""
+        destination = self.path(to)
+        self.fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+        self.fs.move(self.path(relative), destination)
+
+    def delete_file(self, relative: str) -> None:
+        self.fs.delete_file(self.path(relative))
+
     def delete_dir(self, relative: str) -> None:
         """Delete a directory and everything below it; nothing if it does not exist."""
         if self.exists(relative):

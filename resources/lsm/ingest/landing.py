@@ -6,6 +6,11 @@ and ``_seq``. The ledger (under the table root, ``_lsm_ingest/``) records a
 file only after all of its good rows are durable, so a crashed ingestion
 re-applies exactly the unrecorded files, in order — which leaves the merged
 view unchanged (upserts and deletes by key are idempotent in order).
+
+Once recorded, a file is retired per :class:`LandingRetention`: moved to
+``<landing dir>/_archive/`` (the default; archived files are deleted after
+``archive_max_age_seconds``, counted from their modification time), deleted,
+or kept in place.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass
+from typing import Iterable, Literal
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -27,6 +33,8 @@ FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": 
 LEDGER_DIR = "_lsm_ingest/files"
 STAGING_DIR = "_lsm_ingest/staging"
 """Where Spark ingestion stages routed rows between its read and write tasks, one directory per call."""
+ARCHIVE_DIR = "_archive"
+"""Where recorded landing files go, below the landing directory (``_`` names are never listed)."""
 
 
 class UnreadableFileError(ValueError):
@@ -151,6 +159,13 @@ class IngestLedger:
     def ingested_names(self) -> set[str]:
         return {f.name[: -len(".json")] for f in self._storage.list_dir(LEDGER_DIR) if f.name.endswith(".json")}
 
+    def entry(self, name: str) -> LedgerEntry | None:
+        """The record of the landing file ``name``, if it was ingested."""
+        try:
+            return LedgerEntry(**json.loads(self._storage.read_bytes(f"{LEDGER_DIR}/{name}.json")))
+        except FileNotFoundError:
+            return None
+
     def record(self, entry: LedgerEntry) -> None:
         """Record a file as ingested (write-then-rename, so a reader never sees half)."""
         self._storage.write_bytes_atomic(f"{LEDGER_DIR}/{entry.name}.json",
@@ -162,6 +177,50 @@ class IngestLedger:
             for f in sorted(self._storage.list_dir(LEDGER_DIR), key=lambda f: f.name)
             if f.name.endswith(".json")
         ]
+
+
+@dataclass(frozen=True)
+class LandingRetention:
+    """What happens to a landing file once the ledger recorded it (its good rows are durable).
+
+    Attributes
+    ----------
+    mode
+        ``"archive"``: move it to ``_archive/`` below the landing directory;
+        ``"delete"``: delete it; ``"keep"``: leave it (the ledger still keeps
+        it from being ingested twice).
+    archive_max_age_seconds
+        Archived files older than this (by modification time) are deleted.
+    """
+
+    mode: Literal["archive", "delete", "keep"] = "archive"
+    archive_max_age_seconds: float = 7 * 24 * 3600.0
+
+
+def retire_landing_files(landing_dir: str, names: Iterable[str], retention: LandingRetention) -> int:
+    """Archive or delete the recorded landing files ``names``, then archived files past their age.
+
+    Call only for files the ledger recorded. Returns the landing files retired.
+    """
+    if retention.mode == "keep":
+        return 0
+    storage = TableStorage(_absolute(landing_dir))
+    retired = 0
+    for name in names:
+        if retention.mode == "archive":
+            storage.move(name, f"{ARCHIVE_DIR}/{name}")
+        else:
+            storage.delete_file(name)
+        retired += 1
+    expired_ns = time.time_ns() - int(retention.archive_max_age_seconds * 1e9)
+    for entry in storage.list_dir(ARCHIVE_DIR):
+        if entry.mtime_ns is not None and entry.mtime_ns < expired_ns:
+            storage.delete_file(f"{ARCHIVE_DIR}/{entry.name}")
+    return retired
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
 
 
 def new_ledger_entry(file: LandingFile, rows: int, rejected: int, run_id: str) -> LedgerEntry:

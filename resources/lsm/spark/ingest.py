@@ -49,7 +49,8 @@ import pyarrow as pa
 
 from ..errors import Rejection
 from ..write.changes import validate_changes
-from ..ingest.landing import (STAGING_DIR, IngestLedger, LandingFile, UnreadableFileError, list_landing_files,
+from ..ingest.landing import (STAGING_DIR, IngestLedger, LandingFile, LandingRetention, LedgerEntry,
+                              UnreadableFileError, list_landing_files, retire_landing_files,
                       new_ledger_entry, read_landing_file)
 from ..format.schema import SEQ_COLUMN
 from ..format.storage import TableStorage
@@ -88,15 +89,30 @@ class IngestReport(ShardTotals):
         return self.rows_read / self.elapsed_seconds if self.elapsed_seconds else 0.0
 
 
-def pending_landing_files(table_uri: str, landing_dir: str) -> list[LandingFile]:
-    """Landing files not yet recorded in the table's ledger, in file-name order."""
-    done = IngestLedger(table_uri).ingested_names()
-    return [f for f in list_landing_files(landing_dir) if f.name not in done]
+def pending_landing_files(table_uri: str, landing_dir: str,
+                          retention: LandingRetention = LandingRetention()) -> list[LandingFile]:
+    """Landing files not yet recorded in the table's ledger, in file-name order.
+
+    Recorded files still in the landing directory (a crash came between
+    recording and retiring them) are retired now, if they are the very file
+    recorded (same size); a different file under a recorded name is left.
+    """
+    ledger = IngestLedger(table_uri)
+    done = ledger.ingested_names()
+    listing = list_landing_files(landing_dir)
+    leftovers = [f.name for f in listing if f.name in done and _same_size(ledger.entry(f.name), f)]
+    retire_landing_files(landing_dir, leftovers, retention)
+    return [f for f in listing if f.name not in done]
+
+
+def _same_size(entry: LedgerEntry | None, file: LandingFile) -> bool:
+    return entry is not None and entry.size == file.size
 
 
 def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir: str,
                          run_id: str | None = None, *, writers: LsmTable | None = None,
-                         max_files: int | None = None) -> IngestReport:
+                         max_files: int | None = None,
+                         retention: LandingRetention = LandingRetention()) -> IngestReport:
     """Ingest pending landing files (file-name order) into the table; return what happened.
 
     Parameters
@@ -108,6 +124,9 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
         here through those writers, so no generation is cut per micro-batch.
     max_files
         Ingest at most this many files (a micro-batch); ``None`` for all.
+    retention
+        What happens to a file after it was recorded (default: moved to
+        ``_archive/`` in the landing directory).
 
     Re-running after a crash re-applies exactly the files that were not
     recorded, in order, which leaves the merged view as if they had been
@@ -122,7 +141,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
     started = time.monotonic()
     run_id = run_id or uuid.uuid4().hex[:12]
     table = writers or LsmTable.open(table_uri)
-    files = pending_landing_files(table_uri, landing_dir)[:max_files]
+    files = pending_landing_files(table_uri, landing_dir, retention)[:max_files]
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
@@ -146,6 +165,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
     for f in files:
         rows, rejected = per_file[f.order]
         ledger.record(new_ledger_entry(f, rows, rejected, run_id))
+    retire_landing_files(landing_dir, [f.name for f in files], retention)
     return IngestReport(
         files=tuple(f.name for f in files),
         rows_read=sum(per_file[f.order][0] for f in files),
