@@ -13,56 +13,80 @@ Which asset each check guards, and why:
   write path, not the data a downstream asset would read.
 
 The checks are unpartitioned (the base table and the merged view are not per
-shard), so ``quality_job`` runs them all without a partition key.
+shard), so ``quality_job`` runs them all. The engine modules they call are
+imported when a check runs, not with the definitions.
 """
 
 import secrets
 import tempfile
-from typing import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
-from dagster import (AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, Config, MetadataValue,
+from dagster import (AssetCheckEvaluation, AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity,
+                     AssetChecksDefinition, AssetExecutionContext, AssetKey, Config, Failure, MetadataValue,
                      asset_check)
 from pydantic import Field
 
-from resources.gx_resource import GreatExpectationsResource, GxOutcome
-from resources.lsm import LsmTable
-from resources.lsm.quality.reconciliation import probe_reconciliation
-from resources.lsm.quality.recovery_checks import Severity, verify_shards
-from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
-from resources.lsm.format.schema import primary_key_of
-from resources.lsm.quality.scratch import scratch_copy
+from resources.gx_resource import GreatExpectationsResource
 from resources.table_resource import LsmTableResource
 
-from .ingestion import ingested_changes
-from .maintenance import flushed_generations, merged_base
+if TYPE_CHECKING:
+    from resources.lsm import LsmTable
+
+INGESTED = AssetKey("ingested_changes")
+FLUSHED = AssetKey("flushed_generations")
+MERGED = AssetKey("merged_base")
 
 
-def _key_check(table: LsmTable, frame_of: Callable, validate: Callable) -> AssetCheckResult:
-    """Validate the key columns of one level: ``validate(frame_of(table, key), key)``."""
-    outcome: GxOutcome = validate(frame_of(table, table.primary_key), table.primary_key)
-    return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
+# ------------------------------------------------------------ primary keys
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """A GX expectation on the primary-key columns of one level of the table."""
+
+    name: str
+    asset: AssetKey
+    level: Literal["merged_view", "base"]
+    expectation: Literal["keys_unique", "keys_not_null"]
+    description: str
+
+    def evaluate(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
+        frame = getattr(gx, f"{self.level}_frame")(table, table.primary_key)
+        outcome = getattr(gx, self.expectation)(frame, table.primary_key)
+        return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
+
+    def definition(self) -> AssetChecksDefinition:
+        @asset_check(name=self.name, asset=self.asset, blocking=True, description=self.description)
+        def _check(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+            return self.evaluate(lsm_table.open(), gx)
+
+        return _check
 
 
-# ------------------------------------------------------------ merged view
+KEY_CHECKS = [
+    KeyCheck("merged_view_primary_key_unique", INGESTED, "merged_view", "keys_unique",
+             "Every primary key (single or composite) occurs exactly once in the merged view "
+             "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables."),
+    KeyCheck("merged_view_primary_key_not_null", INGESTED, "merged_view", "keys_not_null",
+             "No primary-key column of the merged view holds a null (GX not-null expectation)."),
+    KeyCheck("base_primary_key_unique", FLUSHED, "base", "keys_unique",
+             "Every primary key occurs exactly once in the base table, before generations are merged into it "
+             "(GX; Spark reads the base fragments when the table is large)."),
+    KeyCheck("base_primary_key_not_null", FLUSHED, "base", "keys_not_null",
+             "No primary-key column of the base table holds a null (GX not-null expectation)."),
+]
 
-@asset_check(asset=ingested_changes, blocking=True, description=(
-    "Every primary key (single or composite) occurs exactly once in the merged view "
-    "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables."))
-def merged_view_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table.open(), gx.merged_view_frame, gx.keys_unique)
+(merged_view_primary_key_unique, merged_view_primary_key_not_null,
+ base_primary_key_unique, base_primary_key_not_null) = (check.definition() for check in KEY_CHECKS)
 
 
-@asset_check(asset=ingested_changes, blocking=True, description=(
-    "No primary-key column of the merged view holds a null (GX not-null expectation)."))
-def merged_view_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table.open(), gx.merged_view_frame, gx.keys_not_null)
-
-
-@asset_check(asset=ingested_changes, blocking=True, description=(
+@asset_check(asset=INGESTED, blocking=True, description=(
     "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
     "the merged view has the table's columns in order (GX); every pending generation and unflushed "
     "WAL entry has the table's columns and types plus _tombstone."))
 def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+    from resources.lsm.quality.recovery_checks import verify_shards
+
     table = lsm_table.open()
     problems = _key_problems(table)
     columns = table.schema.names
@@ -79,8 +103,10 @@ def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) 
                             metadata={**outcome.metadata(), **metadata})
 
 
-def _key_problems(table: LsmTable) -> list[str]:
+def _key_problems(table: "LsmTable") -> list[str]:
     """How the base schema's key metadata differs from the key the table was created with."""
+    from resources.lsm.format.schema import primary_key_of
+
     declared = primary_key_of(table.schema)
     problems = [] if declared == table.primary_key else [
         f"fields with primary-key metadata {declared} differ from the table's key {table.primary_key}"]
@@ -88,32 +114,20 @@ def _key_problems(table: LsmTable) -> list[str]:
                        if table.schema.field(name).nullable]
 
 
-# ------------------------------------------------------ base + shard state
+# ------------------------------------------------------------ shard state
 
-@asset_check(asset=flushed_generations, blocking=True, description=(
-    "Every primary key occurs exactly once in the base table, before generations are merged into it "
-    "(GX; Spark reads the base fragments when the table is large)."))
-def base_primary_key_unique(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table.open(), gx.base_frame, gx.keys_unique)
-
-
-@asset_check(asset=flushed_generations, blocking=True, description=(
-    "No primary-key column of the base table holds a null (GX not-null expectation)."))
-def base_primary_key_not_null(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-    return _key_check(lsm_table.open(), gx.base_frame, gx.keys_not_null)
-
-
-@asset_check(asset=flushed_generations, blocking=True, description=(
+@asset_check(asset=FLUSHED, blocking=True, description=(
     "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation above "
     "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
     "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."))
-def shards_recoverable(context: AssetCheckExecutionContext, lsm_table: LsmTableResource) -> AssetCheckResult:
-    buckets = [int(context.partition_key)] if context.has_partition_key else None
-    return _recoverable(lsm_table.open(), buckets)
+def shards_recoverable(lsm_table: LsmTableResource) -> AssetCheckResult:
+    return _recoverable(lsm_table.open())
 
 
-def _recoverable(table: LsmTable, buckets: list[int] | None = None) -> AssetCheckResult:
+def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCheckResult:
     """The ``shards_recoverable`` result for ``buckets`` (all shards when ``None``)."""
+    from resources.lsm.quality.recovery_checks import Severity, verify_shards
+
     shards = verify_shards(table, buckets)
     findings = [f for s in shards for f in s.findings]
     failed = any(f.severity is Severity.ERROR for f in findings)
@@ -140,16 +154,20 @@ class ScratchConfig(Config):
 
 
 class DrillCheckConfig(ScratchConfig):
-    batches: int = Field(default=DrillConfig.batches, description="Change batches the killed writer is given.")
-    batch_size: int = Field(default=DrillConfig.batch_size, description="Keys per batch.")
-    batches_per_generation: int = Field(default=DrillConfig.batches_per_generation,
-                                        description="Batches between the writer's flushes.")
+    # The defaults of resources.lsm.quality.recovery_drill.DrillConfig (a test
+    # keeps them equal); not imported from there, as that module loads Lance.
+    batches: int = Field(default=24, description="Change batches the killed writer is given.")
+    batch_size: int = Field(default=40, description="Keys per batch.")
+    batches_per_generation: int = Field(default=3, description="Batches between the writer's flushes.")
 
 
-@asset_check(asset=merged_base, description=(
+@asset_check(asset=MERGED, description=(
     "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
     "when a generated change batch is ingested, and does not change when it is flushed and merged."))
 def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
+    from resources.lsm.quality.reconciliation import probe_reconciliation
+    from resources.lsm.quality.scratch import scratch_copy
+
     seed = _seed(config.seed)
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-reconcile-") as scratch:
         steps = probe_reconciliation(scratch_copy(lsm_table.open(), f"{scratch}/table.lance"), seed=seed)
@@ -161,11 +179,13 @@ def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> 
     return AssetCheckResult(passed=all(s.passed for s in steps), metadata=metadata)
 
 
-@asset_check(asset=merged_base, description=(
+@asset_check(asset=MERGED, description=(
     "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
     "replayed, flushed and merged across at least three generations; every acknowledged change is present "
     "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."))
 def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
+    from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
+
     drill = DrillConfig(batches=config.batches, batch_size=config.batch_size,
                         batches_per_generation=config.batches_per_generation, seed=_seed(config.seed))
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
@@ -194,12 +214,29 @@ all_checks = [merged_view_primary_key_unique, merged_view_primary_key_not_null, 
               row_count_reconciles, recovery_drill]
 
 
-MERGE_GUARDS = [base_primary_key_unique, base_primary_key_not_null, shards_recoverable]
+# ------------------------------------------------------------- merge guards
+
+MERGE_GUARDS = ("base_primary_key_unique", "base_primary_key_not_null", "shards_recoverable")
 """Blocking checks that must pass before a merge into the base."""
 
 
-def evaluate_merge_guards(table: LsmTable, gx: GreatExpectationsResource) -> dict[str, AssetCheckResult]:
-    """The :data:`MERGE_GUARDS` on every shard, outside an asset job (for the all-shard merge op)."""
-    return {"base_primary_key_unique": _key_check(table, gx.base_frame, gx.keys_unique),
-            "base_primary_key_not_null": _key_check(table, gx.base_frame, gx.keys_not_null),
-            "shards_recoverable": _recoverable(table)}
+def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", gx: GreatExpectationsResource,
+                         buckets: list[int] | None) -> None:
+    """Evaluate the :data:`MERGE_GUARDS` (recovery of ``buckets`` only) and record them on ``flushed_generations``.
+
+    They show in the UI like any other evaluation of those checks.
+
+    Raises
+    ------
+    Failure
+        If a guard failed: nothing may be merged.
+    """
+    results = {check.name: check.evaluate(table, gx) for check in KEY_CHECKS if check.name in MERGE_GUARDS}
+    results["shards_recoverable"] = _recoverable(table, buckets)
+    for name, result in results.items():
+        context.log_event(AssetCheckEvaluation(asset_key=FLUSHED, check_name=name, passed=result.passed,
+                                               metadata=result.metadata, severity=result.severity, blocking=True))
+    failed = sorted(name for name, result in results.items() if not result.passed)
+    if failed:
+        raise Failure(description=f"merge guards failed: {', '.join(failed)}; nothing was merged "
+                                  "(see the check evaluations on flushed_generations)")

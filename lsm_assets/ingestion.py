@@ -1,19 +1,21 @@
 """Ingestion: landing files → Spark → shard writers (WAL + MemTable)."""
 
 import time
+from typing import TYPE_CHECKING, Any
 
-from dagster import (AssetExecutionContext, AssetMaterialization, Config, MaterializeResult, MetadataValue, OpExecutionContext,
-                     asset, op)
-from dagster_pyspark import PySparkResource
+from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, OpExecutionContext, asset
 from pydantic import Field
 
-from resources.lsm import LsmTable
-from resources.lsm.maintenance.backpressure import BackpressurePolicy, await_merge_capacity
-from resources.lsm.testing.changegen import ChangeStreamSpec, write_landing_files
-from resources.lsm.spark.ingest import IngestReport, ingest_landing_files
-from resources.region_writer import RegionWriterResource
+from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.settings import landing_dir, quarantine_dir
+from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from resources.lsm import LsmTable
+    from resources.lsm.spark.ingest import IngestReport
 
 
 class LandingChangesConfig(Config):
@@ -38,6 +40,10 @@ class IngestConfig(Config):
                               description="'wait' for merges to catch up, or 'fail' fast.")
     max_wait_seconds: float = Field(default=BackpressurePolicy.max_wait_seconds,
                                     description="Longest backpressure wait before failing.")
+    landing_retention: str = Field(default="archive", description=(
+        "What happens to a landing file once its rows are durable and it is recorded: 'archive' (moved to "
+        "_archive/ in the landing directory), 'delete', or 'keep'."))
+    archive_max_age_hours: float = Field(default=168.0, description="Archived landing files older than this are deleted.")
 
     def backpressure_policy(self) -> BackpressurePolicy:
         if self.backpressure not in ("wait", "fail"):
@@ -45,8 +51,10 @@ class IngestConfig(Config):
         return BackpressurePolicy(self.stop_generations, self.backpressure, self.max_wait_seconds)
 
 
-def write_landing(context, config: LandingChangesConfig) -> dict:
+def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) -> dict[str, Any]:
     """Write the configured change stream into the landing directory; return its metadata."""
+    from resources.lsm.testing.changegen import ChangeStreamSpec, write_landing_files
+
     spec = ChangeStreamSpec(num_keys=config.num_keys, num_batches=config.num_batches,
                             batch_size=config.batch_size, update_ratio=config.update_ratio,
                             delete_ratio=config.delete_ratio, reinsert_ratio=config.reinsert_ratio,
@@ -59,11 +67,29 @@ def write_landing(context, config: LandingChangesConfig) -> dict:
             "landing_dir": MetadataValue.path(landing_dir())}
 
 
-def ingest(context, config: IngestConfig, spark, table: LsmTable) -> dict:
-    """Ingest every pending landing file with Spark (after backpressure); return the metadata."""
+def ingest(context: AssetExecutionContext | OpExecutionContext, config: IngestConfig, spark: "SparkSession",
+           table: "LsmTable", max_files: int | None = None, writers: "LsmTable | None" = None) -> dict[str, Any]:
+    """Ingest pending landing files with Spark after backpressure; log per shard and return the metadata.
+
+    The metadata is empty when no file was pending.
+
+    ``writers``: a table object whose open writers the rows go through (a
+    continuous run's); by default Spark's write tasks open their own.
+    """
+    from resources.lsm.maintenance.backpressure import await_merge_capacity
+    from resources.lsm.spark.ingest import ingest_landing_files
+
     waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
+    from resources.lsm.ingest.landing import LandingRetention
+
+    if config.landing_retention not in ("archive", "delete", "keep"):
+        raise ValueError(f"landing_retention must be 'archive', 'delete' or 'keep', not {config.landing_retention!r}")
+    retention = LandingRetention(config.landing_retention, config.archive_max_age_hours * 3600)  # type: ignore[arg-type]
     report = ingest_landing_files(spark, table.uri, config.landing_dir, config.quarantine_dir,
-                                  run_id=context.run.run_id)
+                                  run_id=context.run.run_id, writers=writers, max_files=max_files,
+                                  retention=retention)
+    if not report.files:
+        return {}
     log_report(context, report, table.shard_ids)
     return {**report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
 
@@ -76,50 +102,19 @@ def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig
 
 
 @asset(group_name="ingestion", deps=[landing_changes], kinds={"spark", "lance"})
-def ingested_changes(context: AssetExecutionContext, config: IngestConfig, pyspark: PySparkResource,
+def ingested_changes(context: AssetExecutionContext, config: IngestConfig, spark: SparkResource,
                      lsm_table: LsmTableResource) -> MaterializeResult:
     """Every pending landing file, validated, routed by Lance's hash and made durable in
     the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
     file, row and reason; a file is recorded as ingested only after its rows are durable."""
-    return MaterializeResult(metadata=ingest(context, config, pyspark.spark_session, lsm_table.open()))
+    metadata = ingest(context, config, spark.spark_session, lsm_table.open())
+    if not metadata:
+        context.log.info(f"no pending landing files in {config.landing_dir}")
+    return MaterializeResult(metadata=metadata or {"files": 0})
 
 
-class ContinuousIngestConfig(IngestConfig):
-    poll_seconds: float = Field(default=5.0, description="Pause between looks at the landing directory.")
-    max_files_per_batch: int = Field(default=20, description="Files per micro-batch.")
-    stop_after_idle_polls: int = Field(default=0, description="Stop after this many empty polls (0: never).")
-
-
-@op(required_resource_keys={"region_writers", "pyspark"})
-def ingest_continuously(context: OpExecutionContext, config: ContinuousIngestConfig) -> None:
-    """Ingest landing files as they arrive until the run is terminated.
-
-    Spark stages each micro-batch (read, validate, route, sort); its rows are
-    written here through region writers that stay open for the whole run, so no
-    generation is cut per micro-batch. On termination or failure the resource
-    flushes and closes them.
-    """
-    writers: RegionWriterResource = context.resources.region_writers
-    spark = context.resources.pyspark.spark_session
-    idle = batches = 0
-    while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
-        await_merge_capacity(writers.table, config.backpressure_policy(), context.log.warning)
-        report = ingest_landing_files(spark, writers.table.uri, config.landing_dir, config.quarantine_dir,
-                                      run_id=context.run.run_id, writers=writers.table,
-                                      max_files=config.max_files_per_batch)
-        if not report.files:
-            idle += 1
-            time.sleep(config.poll_seconds)
-            continue
-        idle, batches = 0, batches + 1
-        log_report(context, report, writers.table.shard_ids)
-        # Each micro-batch shows up as a materialization of the ingested table.
-        context.log_event(AssetMaterialization(asset_key=ingested_changes.key,
-                                               metadata=report_metadata(report, writers.table.shard_ids)))
-    context.log.info(f"stopping after {batches} micro-batches; closing writers")
-
-
-def log_report(context, report: IngestReport, shard_ids: list[str]) -> None:
+def log_report(context: AssetExecutionContext | OpExecutionContext, report: "IngestReport",
+               shard_ids: list[str]) -> None:
     """One line per shard plus a summary: progress an operator can follow."""
     bucket = {s: b for b, s in enumerate(shard_ids)}
     for shard in sorted(report.shards, key=lambda s: bucket[s.shard_id]):
@@ -129,10 +124,10 @@ def log_report(context, report: IngestReport, shard_ids: list[str]) -> None:
                      f"quarantined, {report.rows_per_second:,.0f} rows/s")
 
 
-def report_metadata(report: IngestReport, shard_ids: list[str]) -> dict:
+def report_metadata(report: "IngestReport", shard_ids: list[str]) -> dict[str, Any]:
     """Numbers for the UI's plots, per shard and in total."""
     bucket = {s: b for b, s in enumerate(shard_ids)}
-    metadata = {
+    metadata: dict[str, Any] = {
         "files": len(report.files),
         "rows_read": report.rows_read,
         "upserts": report.upserts,

@@ -1,39 +1,42 @@
-"""Maintenance: flush MemTables, merge generations into the base, collect garbage.
+"""Maintenance assets: flush MemTables, merge generations into the base, collect garbage.
 
-``flushed_generations`` and ``merged_base`` are partitioned by shard (bucket
-number), so sensors request exactly the shards that need work and the UI plots
-lag per shard. ``flush_all_shards`` / ``merge_all_shards`` do the same work for
-every shard in one run (``flush_job`` / ``merge_job``, e.g. from the CLI) and
-record it as materializations of the same partitions.
+Each run works on the shards its config names (``shards``, default: every
+shard the table has), in one process and one step, and records one
+materialization with totals and per-shard numbers (``shard_<bucket>_<name>``,
+so the UI plots each shard's lag). The shard list always comes from the table
+itself, never from a setting that could disagree with it.
 """
 
 import time
 from datetime import timedelta
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
-from dagster import (AssetExecutionContext, AssetKey, AssetMaterialization, Config, In, MaterializeResult, Nothing,
-                     OpExecutionContext,
-                     StaticPartitionsDefinition, asset, op)
+from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
-from resources.lsm import LsmTable
-from resources.lsm.maintenance.compaction import DEFAULT_MAX_ROWS_PER_PASS, ShardCompaction
-from resources.lsm.maintenance.gc import DEFAULT_GRACE_SECONDS
-from resources.settings import num_shards
+from resources.gx_resource import GreatExpectationsResource
+from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from resources.table_resource import LsmTableResource
 
+from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
 
-shard_partitions = StaticPartitionsDefinition([str(bucket) for bucket in range(num_shards())])
+if TYPE_CHECKING:
+    from resources.lsm import LsmTable, ShardCompaction, ShardState
 
 
-class FlushConfig(Config):
+class ShardsConfig(Config):
+    shards: list[int] | None = Field(default=None, description=(
+        "Buckets to work on (default: every shard of the table). The sensors name the shards that need it."))
+
+
+class FlushConfig(ShardsConfig):
     idle_seconds: float = Field(default=30.0, description=(
         "Skip a shard whose WAL was written this recently: a writer may be live."))
 
 
-class MergeConfig(Config):
+class MergeConfig(ShardsConfig):
     max_rows_per_pass: int = Field(default=DEFAULT_MAX_ROWS_PER_PASS,
                                    description="Rows read from generations per merge commit.")
 
@@ -46,114 +49,130 @@ class GcConfig(Config):
     version_retention_hours: float = Field(default=1.0, description="Keep base versions newer than this.")
 
 
+def selected_shards(table: "LsmTable", buckets: list[int] | None) -> list["ShardState"]:
+    """The states of ``buckets`` (all shards when ``None``), read once.
+
+    Raises
+    ------
+    ValueError
+        For a bucket the table does not have.
+    """
+    unknown = sorted(set(buckets or ()) - set(range(table.num_shards)))
+    if unknown:
+        raise ValueError(f"buckets {unknown} do not exist; {table.uri} has {table.num_shards} shards")
+    states = table.shards()
+    return states if buckets is None else [s for s in states if s.bucket in set(buckets)]
+
+
+def shard_metadata(per_shard: dict[int, dict[str, float]], totals: dict[str, Any]) -> dict[str, Any]:
+    """``totals`` plus every per-shard number as ``shard_<bucket>_<name>``."""
+    return {**totals, "shards": len(per_shard),
+            **{f"shard_{b}_{name}": value for b, numbers in sorted(per_shard.items())
+               for name, value in numbers.items()}}
+
+
 # ------------------------------------------------------------------------- flush
 
-def flush_shard(context, table: LsmTable, bucket: int, config: FlushConfig) -> dict:
-    """Flush one shard's unflushed WAL into a generation unless a writer may be live.
-
-    Returns the metadata to record (``flushed`` is 0 when the shard was skipped).
-    """
-    state = table.shards()[bucket]
+def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: FlushConfig) -> dict[str, Any]:
+    """Flush each selected shard's unflushed WAL into a generation unless a writer may be live."""
     live_runs = live_writer_runs(context.instance, exclude_run_id=context.run.run_id)
-    last_write_age = _age_seconds(state.unflushed_wal_last_mtime_ns)
-    if live_runs:
-        context.log.info(f"shard {bucket}: skipped, writer runs in progress: {live_runs}")
-        skipped = True
-    elif last_write_age is not None and last_write_age < config.idle_seconds:
-        context.log.info(f"shard {bucket}: skipped, WAL written {last_write_age:.1f}s ago (writer may be live)")
-        skipped = True
-    else:
-        skipped = False
-        if state.unflushed_wal_entries:
+    flushed: dict[int, dict[str, float]] = {}
+    for state in selected_shards(table, config.shards):
+        last_write_age = _age_seconds(state.unflushed_wal_last_mtime_ns)
+        if not state.unflushed_wal_entries:
+            continue
+        if live_runs:
+            context.log.info(f"shard {state.bucket}: skipped, writer runs in progress: {live_runs}")
+        elif last_write_age is not None and last_write_age < config.idle_seconds:
+            context.log.info(f"shard {state.bucket}: skipped, WAL written {last_write_age:.1f}s ago "
+                             "(writer may be live)")
+        else:
             table.flush(state.shard_id)
-            context.log.info(f"shard {bucket}: flushed {state.unflushed_wal_entries} WAL entries "
+            context.log.info(f"shard {state.bucket}: flushed {state.unflushed_wal_entries} WAL entries "
                              f"({state.unflushed_wal_bytes} bytes) into a new generation")
-    after = table.shards()[bucket]
-    return {
-        "flushed": int(not skipped and state.unflushed_wal_entries > 0),
-        "wal_entries_flushed": 0 if skipped else state.unflushed_wal_entries,
-        "wal_bytes_flushed": 0 if skipped else state.unflushed_wal_bytes,
-        "unflushed_wal_entries": after.unflushed_wal_entries,
-        "pending_generations": len(after.pending_generations),
-    }
+            flushed[state.bucket] = {"wal_entries_flushed": state.unflushed_wal_entries,
+                                     "wal_bytes_flushed": state.unflushed_wal_bytes}
+    after = {s.bucket: s for s in selected_shards(table, config.shards)}
+    per_shard = {b: {"flushed": int(b in flushed), **flushed.get(b, {"wal_entries_flushed": 0,
+                                                                        "wal_bytes_flushed": 0}),
+                     "unflushed_wal_entries": s.unflushed_wal_entries,
+                     "pending_generations": len(s.pending_generations)}
+                 for b, s in after.items()}
+    return shard_metadata(per_shard, _sums(per_shard))
 
 
-@asset(partitions_def=shard_partitions, group_name="maintenance", deps=[ingested_changes], kinds={"lance"})
+@asset(group_name="maintenance", deps=[ingested_changes], kinds={"lance"})
 def flushed_generations(context: AssetExecutionContext, config: FlushConfig,
                         lsm_table: LsmTableResource) -> MaterializeResult:
-    """A shard's WAL data not yet in a generation (a crashed or idle writer's), replayed by
+    """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
     a new writer and flushed into a generation. Shards with a live writer are skipped."""
-    return MaterializeResult(metadata=flush_shard(context, lsm_table.open(), int(context.partition_key), config))
-
-
-@op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
-def flush_all_shards(context: OpExecutionContext, config: FlushConfig) -> None:
-    """Flush every shard (skipping live writers), recorded per shard partition."""
-    _for_every_shard(context, flushed_generations.key, lambda table, bucket: flush_shard(context, table, bucket, config))
+    return MaterializeResult(metadata=flush_shards(context, lsm_table.open(), config))
 
 
 # ------------------------------------------------------------------------- merge
 
-def merge_shards(context, table: LsmTable, shard: str | None, config: MergeConfig) -> dict[int, dict]:
-    """Merge one shard's (or every shard's) pending generations into the base; metadata by bucket.
+def merge_shards(context: AssetExecutionContext, table: "LsmTable", shards: list["ShardState"],
+                 max_rows_per_pass: int) -> dict[str, Any]:
+    """Merge ``shards``' pending generations into the base in one ``compact`` call.
 
-    One ``compact`` call: each commit carries every shard it merges, so the
-    base is joined against once per pass, not once per shard.
+    Each commit carries every shard it merges, so the base is joined against
+    once per pass, not once per shard.
     """
-    result = table.compact(shard, max_rows_per_pass=config.max_rows_per_pass)
+    result = table.compact([s.shard_id for s in shards], max_rows_per_pass=max_rows_per_pass)
     bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
+    per_shard = {}
     for merged in result.shards:
         context.log.info(
             f"shard {bucket[merged.shard_id]}: merged generations {list(merged.generations_merged)} "
             f"in {merged.passes} commits ({merged.rows_upserted} upserted, {merged.deletes_applied} deletes "
             f"applied); {merged.pending_generations} pending")
+        per_shard[bucket[merged.shard_id]] = _merge_numbers(merged)
     context.log.info(f"{result.rows_deleted} base rows deleted in {result.elapsed_seconds:.2f}s")
-    return {bucket[merged.shard_id]: _merge_metadata(merged) for merged in result.shards}
+    rows = sum(n["rows_upserted"] + n["deletes_applied"] for n in per_shard.values())
+    totals = {**_sums(per_shard, exclude=("lag_seconds", "compacted_generation", "elapsed_s")),
+              "lag_seconds": max((n["lag_seconds"] for n in per_shard.values()), default=0.0),
+              "rows_deleted": result.rows_deleted, "elapsed_s": round(result.elapsed_seconds, 3),
+              "rows_per_s": round(rows / result.elapsed_seconds, 1) if result.elapsed_seconds else 0.0}
+    return shard_metadata(per_shard, totals)
 
 
-def _merge_metadata(shard: ShardCompaction) -> dict:
+def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
     rows = shard.rows_upserted + shard.deletes_applied
     return {
         "generations_merged": len(shard.generations_merged),
         "rows_upserted": shard.rows_upserted,
         "deletes_applied": shard.deletes_applied,
-        "rows_per_s": round(rows / shard.elapsed_seconds, 1) if shard.elapsed_seconds else 0.0,
         "commits": shard.passes,
         "conflicts": shard.conflicts,
         "compacted_generation": shard.compacted_generation,
         "lag_generations": shard.pending_generations,
         "lag_seconds": round(shard.oldest_pending_age_seconds or 0.0, 1),
         "elapsed_s": round(shard.elapsed_seconds, 3),
+        "rows_per_s": round(rows / shard.elapsed_seconds, 1) if shard.elapsed_seconds else 0.0,
     }
 
 
-@asset(partitions_def=shard_partitions, group_name="maintenance", deps=[flushed_generations],
-       kinds={"lance"}, pool="lsm_merge")
-def merged_base(context: AssetExecutionContext, config: MergeConfig,
-                lsm_table: LsmTableResource) -> MaterializeResult:
-    """The base table with a shard's flushed generations merged in: newest wins, tombstones
-    become deletes, data and the compacted marker in one commit (idempotent, crash-safe)."""
+@asset(group_name="maintenance", deps=[flushed_generations], kinds={"lance"}, pool="lsm_merge")
+def merged_base(context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource,
+                gx: GreatExpectationsResource) -> MaterializeResult:
+    """The base table with shards' flushed generations merged in: newest wins, tombstones
+    become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
+    The merge guards run first; a failed guard stops the run before anything is merged."""
     table = lsm_table.open()
-    bucket = int(context.partition_key)
-    return MaterializeResult(metadata=merge_shards(context, table, table.shard_ids[bucket], config)[bucket])
-
-
-@op(required_resource_keys={"lsm_table"}, ins={"after": In(Nothing)})
-def merge_all_shards(context: OpExecutionContext, config: MergeConfig) -> None:
-    """Merge every shard into the base, recorded per shard partition."""
-    metadata = merge_shards(context, context.resources.lsm_table.open(), None, config)
-    for bucket, shard_metadata in sorted(metadata.items()):
-        context.log_event(AssetMaterialization(merged_base.key, partition=str(bucket), metadata=shard_metadata))
+    shards = selected_shards(table, config.shards)
+    enforce_merge_guards(context, table, gx, [s.bucket for s in shards])
+    return MaterializeResult(metadata=merge_shards(context, table, shards, config.max_rows_per_pass))
 
 
 # ---------------------------------------------------------------------------- gc
 
-def collect_garbage(context, table: LsmTable, config: GcConfig) -> dict:
+def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: GcConfig) -> dict[str, Any]:
     """Run GC on the table; return bytes and counts reclaimed per kind."""
     result = table.gc(orphan_grace_seconds=config.orphan_grace_seconds,
                       wal_grace_seconds=config.wal_grace_seconds,
                       older_than=timedelta(hours=config.version_retention_hours))
-    metadata: dict = {"bytes_reclaimed": result.bytes_reclaimed, "elapsed_s": round(result.elapsed_seconds, 3)}
+    metadata: dict[str, Any] = {"bytes_reclaimed": result.bytes_reclaimed,
+                                "elapsed_s": round(result.elapsed_seconds, 3)}
     for kind in ("compacted_generations", "wal_entries", "orphan_directories", "base_versions"):
         reclaimed = getattr(result, kind)
         metadata[f"{kind}_deleted"] = reclaimed.count
@@ -170,12 +189,10 @@ def garbage_collected(context: AssetExecutionContext, config: GcConfig,
     return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))
 
 
-def _for_every_shard(context: OpExecutionContext, asset_key: AssetKey,
-                     work: Callable[[LsmTable, int], dict]) -> None:
-    """Run ``work`` on each shard in turn, recording its metadata on that shard's partition."""
-    table = context.resources.lsm_table.open()
-    for bucket in range(table.num_shards):
-        context.log_event(AssetMaterialization(asset_key, partition=str(bucket), metadata=work(table, bucket)))
+def _sums(per_shard: dict[int, dict[str, float]], exclude: tuple[str, ...] = ()) -> dict[str, float]:
+    """Each number summed over the shards (except ``exclude``)."""
+    names = [n for numbers in per_shard.values() for n in numbers if n not in exclude]
+    return {n: sum(numbers.get(n, 0) for numbers in per_shard.values()) for n in dict.fromkeys(names)}
 
 
 def _age_seconds(mtime_ns: int | None) -> float | None:

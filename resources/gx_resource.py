@@ -4,6 +4,9 @@ An ephemeral GX context (nothing written to disk) holds a pandas and a Spark
 data source. Small frames are validated with pandas; a level with more rows
 than ``spark_row_threshold`` is read by Spark tasks and validated with GX's
 Spark data source, so no process loads the whole table.
+
+Great Expectations takes seconds to import, so it is imported by the first
+validation, not with the code location's definitions.
 """
 
 from __future__ import annotations
@@ -12,15 +15,15 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import great_expectations as gx
-import great_expectations.expectations as gxe
-import pandas as pd
+from typing import TYPE_CHECKING
+
 from dagster import ConfigurableResource, MetadataValue
-from great_expectations.data_context.types.base import ProgressBarsConfig
 from pydantic import Field, PrivateAttr
 
-from .lsm import LsmTable
-from .settings import spark_master
+from .spark import spark_session
+
+if TYPE_CHECKING:
+    from .lsm import LsmTable
 
 
 @dataclass(frozen=True)
@@ -85,20 +88,29 @@ class GreatExpectationsResource(ConfigurableResource):
 
     def keys_unique(self, frame, primary_key: list[str]) -> GxOutcome:
         """Every primary key occurs once (compound-key expectation for composite keys)."""
+        import great_expectations.expectations as gxe
+
         expectation = (gxe.ExpectColumnValuesToBeUnique(column=primary_key[0]) if len(primary_key) == 1
                        else gxe.ExpectCompoundColumnsToBeUnique(column_list=primary_key))
         return self.validate(frame, [expectation])
 
     def keys_not_null(self, frame, primary_key: list[str]) -> GxOutcome:
         """No primary-key column holds a null."""
+        import great_expectations.expectations as gxe
+
         return self.validate(frame, [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in primary_key])
 
     def columns_match(self, frame, columns: list[str]) -> GxOutcome:
         """The frame has exactly ``columns``, in order."""
+        import great_expectations.expectations as gxe
+
         return self.validate(frame, [gxe.ExpectTableColumnsToMatchOrderedList(column_list=columns)])
 
     def validate(self, frame, expectations: list) -> GxOutcome:
         """Run ``expectations`` on a pandas or Spark DataFrame in the ephemeral context."""
+        import great_expectations as gx
+        import pandas as pd
+
         spark = not isinstance(frame, pd.DataFrame)
         context = self._gx()
         name = f"v{next(self._names)}"
@@ -127,6 +139,9 @@ class GreatExpectationsResource(ConfigurableResource):
 
     def _gx(self):
         if self._context is None:
+            import great_expectations as gx
+            from great_expectations.data_context.types.base import ProgressBarsConfig
+
             context = gx.get_context(mode="ephemeral")
             context.variables.progress_bars = ProgressBarsConfig(globally=False)
             self._context = context
@@ -144,15 +159,8 @@ class GreatExpectationsResource(ConfigurableResource):
         return context.data_sources.get(kind)
 
     def _spark(self):
-        """The process's Spark session (the one Dagster's pyspark resource or a test started, if any)."""
-        from pyspark.sql import SparkSession
-
-        from .spark import spark_conf
-
-        builder = SparkSession.builder
-        for key, value in spark_conf(spark_master()).items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        """The process's Spark session (the one the run's Spark resource or a test started, if any)."""
+        return spark_session()
 
 
 def _target(kwargs: dict) -> str:

@@ -3,17 +3,20 @@
 Upstream assets write through the engine themselves (ingestion, flush, merge),
 so :meth:`LsmTableIOManager.handle_output` stores nothing. Loading an input
 reads the merged view (fresh: including rows only in a WAL) of the table at
-``uri`` and hands it over as the type the input is annotated with:
+``uri`` and hands it over as the type named by the input's ``lsm/format``
+metadata (``AssetIn(..., metadata={"lsm/format": "pandas"})``) or, without
+it, the type the input is annotated with:
 
-==========================  =============================================
-input annotation            value
-==========================  =============================================
-``pyarrow.Table`` / none    ``LsmTable.read()``
-``pandas.DataFrame``        the same, converted to pandas
-``pyspark...DataFrame``     ``spark.read.format("lance_lsm").load(uri)``
-==========================  =============================================
+================================  =============================================
+format / annotation               value
+================================  =============================================
+``arrow``, ``pyarrow.Table``  ``LsmTable.read()`` (also without annotation)
+``pandas``, ``pandas.DataFrame``  the same, converted to pandas
+``spark``, ``pyspark...DataFrame``  ``spark.read.format("lance_lsm").load(uri)``
+================================  =============================================
 
-Asset metadata can narrow a read: ``{"lsm/columns": [...], "lsm/filter": "..."}``
+The format key keeps pandas out of the code location's import: an annotation
+must be a real type when Dagster loads the definitions. Asset metadata can narrow a read: ``{"lsm/columns": [...], "lsm/filter": "..."}``
 on the upstream asset's definition.
 """
 
@@ -21,15 +24,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pyarrow as pa
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 from pydantic import Field
 
-from .lsm import LsmTable
 from .settings import table_uri
+from .spark import spark_session
 
 COLUMNS_METADATA = "lsm/columns"
 FILTER_METADATA = "lsm/filter"
+FORMAT_METADATA = "lsm/format"
+FORMATS = ("arrow", "pandas", "spark")
 
 
 class LsmTableIOManager(ConfigurableIOManager):
@@ -51,14 +55,18 @@ class LsmTableIOManager(ConfigurableIOManager):
                             "an LSM table write through LsmTable.write and return None or MaterializeResult")
 
     def load_input(self, context: InputContext) -> Any:
-        """The merged view as the input's annotated type, with its row count as input metadata."""
-        kind = _kind(context.dagster_type.typing_type)
+        """The merged view in the requested format, with its row count as input metadata."""
+        kind = context.definition_metadata.get(FORMAT_METADATA) or _kind(context.dagster_type.typing_type)
+        if kind not in FORMATS:
+            raise ValueError(f"{FORMAT_METADATA} must be one of {FORMATS}, not {kind!r}")
         metadata = context.upstream_output.definition_metadata if context.upstream_output else {}
         columns, filter = _as_value(metadata.get(COLUMNS_METADATA)), _as_value(metadata.get(FILTER_METADATA))
         if kind == "spark":
             value = self._spark_frame(context, columns, filter)
             rows = value.count()
         else:
+            from .lsm import LsmTable
+
             value = LsmTable.open(self.uri).read(columns=columns, filter=filter, fresh=self.fresh)
             rows = value.num_rows
             if kind == "pandas":
@@ -67,14 +75,8 @@ class LsmTableIOManager(ConfigurableIOManager):
         return value
 
     def _spark_frame(self, context: InputContext, columns: list[str] | None, filter: str | None):
-        """A lazy Spark DataFrame of the merged view on the run's ``pyspark`` resource session."""
-        from pyspark.sql import SparkSession
-
-        from .lsm import register_spark_source
-
-        spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-        register_spark_source(spark)
-        reader = spark.read.format("lance_lsm").option("fresh", str(self.fresh).lower())
+        """A lazy Spark DataFrame of the merged view on the process's Spark session."""
+        reader = spark_session().read.format("lance_lsm").option("fresh", str(self.fresh).lower())
         if columns:
             reader = reader.option("columns", ",".join(columns))
         frame = reader.load(self.uri)
@@ -88,7 +90,9 @@ def _kind(annotation: Any) -> str:
         return "pandas"
     if module.startswith("pyspark"):
         return "spark"
-    if annotation is pa.Table or annotation in (Any, object):
+    if module.startswith("pyarrow") and getattr(annotation, "__name__", "") == "Table":
+        return "arrow"
+    if annotation in (Any, object):
         return "arrow"
     raise TypeError(f"LsmTableIOManager cannot load an input of type {annotation!r}")
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
+
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
-from .lsm import LsmTable, WriteResult
-from .lsm.format.schema import DELETE, OP_COLUMN
 from .table_resource import LsmTableResource
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from .lsm import LsmTable, WriteResult
 
 
 class RegionWriterResource(ConfigurableResource):
@@ -60,6 +64,10 @@ class RegionWriterResource(ConfigurableResource):
 
     def delete(self, keys: pa.Table) -> WriteResult:
         """Delete by primary key; returns once the deletes are durable."""
+        import pyarrow as pa
+
+        from .lsm.format.schema import DELETE, OP_COLUMN
+
         return self.table.write(keys.append_column(OP_COLUMN, pa.array([DELETE] * keys.num_rows)))
 
     def stats(self) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""The Spark session every ingestion and Spark read uses.
+"""``SparkResource``: the Spark session of a run, started only when a step asks for it.
 
 ``SPARK_MASTER`` (default ``local[*]``) picks the cluster. For local masters
 the executors run this interpreter, so they see the same pinned packages.
@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from dagster import InitResourceContext
-from dagster_pyspark import PySparkResource
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import Field, PrivateAttr
 
-from .lsm import register_spark_source
 from .settings import spark_master
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 def spark_conf(master: str) -> dict[str, str]:
@@ -40,14 +43,43 @@ def spark_conf(master: str) -> dict[str, str]:
     return conf
 
 
-class LsmPySparkResource(PySparkResource):
-    """dagster-pyspark's resource whose session can read ``spark.read.format("lance_lsm")``."""
+def spark_session(master: str | None = None, extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """The process's Spark session with the platform's settings and ``lance_lsm`` registered.
 
-    def setup_for_execution(self, context: InitResourceContext) -> None:
-        super().setup_for_execution(context)
-        register_spark_source(self.spark_session)
+    Returns the active session if one exists (``getOrCreate``): one session per
+    process, whoever asks first (a run, a test, a benchmark).
+    """
+    from pyspark.sql import SparkSession
+
+    from .lsm import register_spark_source
+
+    builder = SparkSession.builder
+    for key, value in {**spark_conf(master or spark_master()), **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    register_spark_source(session)
+    return session
 
 
-def lsm_pyspark_resource() -> LsmPySparkResource:
-    """The platform's PySpark resource: this platform's settings, ``lance_lsm`` registered."""
-    return LsmPySparkResource(spark_config=spark_conf(spark_master()))
+class SparkResource(ConfigurableResource):
+    """A Spark session for the steps that need one, started on first use.
+
+    A run whose steps never touch :attr:`spark_session` starts no JVM, and
+    importing this module does not import PySpark.
+    """
+
+    master: str = Field(default_factory=spark_master, description="Spark master URL (env SPARK_MASTER).")
+    extra_conf: dict[str, str] = Field(default_factory=dict, description="More Spark settings for the session.")
+    _session: SparkSession | None = PrivateAttr(default=None)
+
+    @property
+    def spark_session(self) -> SparkSession:
+        """The session (started and ``lance_lsm`` registered on first access)."""
+        if self._session is None:
+            self._session = spark_session(self.master, self.extra_conf)
+        return self._session
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        # The session stays up for the process: tests and long-lived workers
+        # share it, and a run process ends right after its steps anyway.
+        self._session = None

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from .lsm import LsmTable, TableNotFoundError
-from .lsm.testing.changegen import EVENTS_SCHEMA
 from .settings import num_shards, table_uri
+
+if TYPE_CHECKING:
+    from .lsm import LsmTable
 
 
 class LsmTableResource(ConfigurableResource):
@@ -22,6 +25,9 @@ class LsmTableResource(ConfigurableResource):
 
     def open(self) -> LsmTable:
         """Open the table, creating it with the events schema if it does not exist."""
+        from .lsm import LsmTable, TableNotFoundError
+        from .lsm.testing.changegen import EVENTS_SCHEMA
+
         try:
             return LsmTable.open(self.uri)
         except TableNotFoundError:

@@ -1,117 +1,103 @@
-"""Sensors that flush and merge shards when they need it, and the GC schedule.
+"""Sensors that flush and merge shards when they need it, and the maintenance schedules.
 
-Each sensor reads every shard's state (one ``LsmTable.shards()`` call) and
-requests one run per shard that needs work. The ``run_key`` names the shard
-state that triggered it, so repeated ticks over the same state never request
-the same work twice; the cursor remembers the last key per shard for the UI.
+Each sensor reads every shard's state once per tick, asks the engine's
+trigger (:mod:`resources.lsm.maintenance.policy`) about each, and requests at
+most ONE run for all the shards that need work, naming them in the run
+config: a round of maintenance costs one process, not one per shard. The
+``run_key`` joins the per-shard keys (each names the shard state that asked),
+so repeated ticks over the same state never request the same work twice.
+While a run of the same kind is queued or in progress the tick is skipped, so
+runs never pile up and two merges never run at once.
 """
 
 import json
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Protocol
 
-from dagster import (DefaultScheduleStatus, DefaultSensorStatus, RunRequest, ScheduleDefinition,
-                     SensorDefinition, SensorEvaluationContext, SensorResult, SkipReason, sensor)
+from dagster import (DagsterRunStatus, DefaultScheduleStatus, DefaultSensorStatus, RunRequest, RunsFilter,
+                     ScheduleDefinition, SensorDefinition, SensorEvaluationContext, SensorResult, SkipReason, sensor)
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from jobs import flush_shard_job, gc_job, merge_shard_job
+from jobs import MAINTENANCE_TAG, flush_job, gc_job, merge_job, quality_job
 from lsm_assets.live_writers import live_writer_runs
-from resources.lsm import ShardState
+from resources.lsm.maintenance.policy import FlushTrigger, MergeTrigger
 from resources.table_resource import LsmTableResource
 
-SHARD_TAG = "lsm/shard"
+if TYPE_CHECKING:
+    from resources.lsm import ShardState
+    from resources.lsm.maintenance.policy import Decision
+
+_UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+               DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
-@dataclass(frozen=True)
-class ShardDecision:
-    """Why a shard needs a run, and the key that identifies the state asking for it."""
-
-    reason: str
-    run_key: str
+class Trigger(Protocol):
+    def decide(self, state: "ShardState", now: float) -> "Decision | None": ...
 
 
-ShardRule = Callable[[ShardState, float], "ShardDecision | None"]
+def shard_sensor(name: str, job: UnresolvedAssetJobDefinition, asset_name: str, trigger: Trigger,
+                 description: str, skip_while_writing: bool = False,
+                 interval_seconds: int = 30) -> SensorDefinition:
+    """A sensor requesting one run of ``job`` for every shard where ``trigger`` decides so.
 
-
-def shard_sensor(name: str, job, rule: ShardRule, description: str,
-                 skip_while_writing: bool = False, interval_seconds: int = 30) -> SensorDefinition:
-    """A sensor requesting ``job`` for every shard where ``rule`` returns a decision.
-
-    ``rule(state, now)`` sees one shard; with ``skip_while_writing`` the whole
-    tick is skipped while a run holding shard writers is in progress.
+    The run's config sets ``shards`` on the ``asset_name`` step. With
+    ``skip_while_writing`` the whole tick is skipped while a run holding shard
+    writers is in progress.
     """
+    kind = job.tags[MAINTENANCE_TAG] if job.tags else None
 
     @sensor(name=name, job=job, minimum_interval_seconds=interval_seconds, description=description,
-            default_status=DefaultSensorStatus.RUNNING, required_resource_keys={"lsm_table"})
-    def _sensor(context: SensorEvaluationContext):
+            default_status=DefaultSensorStatus.RUNNING)
+    def _sensor(context: SensorEvaluationContext, lsm_table: LsmTableResource) -> SensorResult | SkipReason:
+        busy = _unfinished_runs(context, job.name)
+        if busy:
+            return SkipReason(f"{job.name} runs not finished yet ({', '.join(busy)}); they take what is pending")
         if skip_while_writing:
             live = live_writer_runs(context.instance)
             if live:
                 return SkipReason(f"writer runs in progress ({', '.join(live)}); not claiming their shards")
-        lsm_table: LsmTableResource = context.resources.lsm_table
-        cursor = json.loads(context.cursor) if context.cursor else {}
         now = time.time()
-        requests, idle = [], []
+        decisions = {}
         for state in lsm_table.open().shards():
-            decision = rule(state, now)
-            if decision is None:
-                idle.append(state.bucket)
-                continue
-            context.log.info(f"shard {state.bucket}: {decision.reason}")
-            cursor[str(state.bucket)] = decision.run_key
-            requests.append(RunRequest(run_key=decision.run_key, partition_key=str(state.bucket),
-                                       tags={SHARD_TAG: str(state.bucket)}))
-        if not requests:
-            return SkipReason(f"no shard needs it (shards {idle} below thresholds)")
-        return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
+            decision = trigger.decide(state, now)
+            if decision is not None:
+                decisions[state.bucket] = decision
+                context.log.info(f"shard {state.bucket}: {decision.reason}")
+        if not decisions:
+            return SkipReason("no shard needs it (every shard is below the thresholds)")
+        buckets = sorted(decisions)
+        run_key = "|".join(decisions[b].key for b in buckets)
+        request = RunRequest(run_key=run_key,
+                             run_config={"ops": {asset_name: {"config": {"shards": buckets}}}},
+                             tags={MAINTENANCE_TAG: kind or job.name, "lsm/shards": ",".join(map(str, buckets))})
+        cursor = json.dumps({str(b): decisions[b].key for b in buckets}, sort_keys=True)
+        return SensorResult(run_requests=[request], cursor=cursor)
 
     return _sensor
 
 
-def needs_flush(max_age_seconds: float, max_bytes: int, idle_seconds: float) -> ShardRule:
-    """Unflushed WAL older than ``max_age_seconds`` or bigger than ``max_bytes``,
-    and untouched for ``idle_seconds`` (so no writer is appending to it)."""
-
-    def rule(state: ShardState, now: float) -> ShardDecision | None:
-        if not state.unflushed_wal_entries or state.unflushed_wal_first_mtime_ns is None:
-            return None
-        age = now - state.unflushed_wal_first_mtime_ns / 1e9
-        quiet = now - (state.unflushed_wal_last_mtime_ns or 0) / 1e9
-        if quiet < idle_seconds or (age < max_age_seconds and state.unflushed_wal_bytes < max_bytes):
-            return None
-        return ShardDecision(
-            f"{state.unflushed_wal_entries} WAL entries ({state.unflushed_wal_bytes} bytes, {age:.0f}s old)",
-            f"flush-{state.shard_id}-epoch{state.writer_epoch}-after{state.replay_after_wal_position}")
-
-    return rule
-
-
-def needs_merge(generation_trigger: int, max_age_seconds: float) -> ShardRule:
-    """``generation_trigger`` or more pending generations, or the oldest older than ``max_age_seconds``."""
-
-    def rule(state: ShardState, now: float) -> ShardDecision | None:
-        pending = state.pending_generations
-        if not pending:
-            return None
-        age = now - state.oldest_pending_mtime_ns / 1e9 if state.oldest_pending_mtime_ns else 0.0
-        if len(pending) < generation_trigger and age < max_age_seconds:
-            return None
-        return ShardDecision(f"{len(pending)} generations awaiting merge (oldest {age:.0f}s)",
-                             f"merge-{state.shard_id}-upto{pending[-1][0]}")
-
-    return rule
+def _unfinished_runs(context: SensorEvaluationContext, job_name: str) -> list[str]:
+    records = context.instance.get_run_records(RunsFilter(job_name=job_name, statuses=_UNFINISHED), limit=5)
+    return [r.dagster_run.run_id for r in records]
 
 
 flush_sensor = shard_sensor(
-    "flush_sensor", flush_shard_job, needs_flush(max_age_seconds=300, max_bytes=64 << 20, idle_seconds=60),
-    "Flushes shards whose WAL holds data no generation has (crashed or idle writers).",
+    "flush_sensor", flush_job, "flushed_generations", FlushTrigger(),
+    "Flushes the shards whose WAL holds data no generation has (crashed or idle writers): "
+    "older than 5 minutes or over 64 MiB, and untouched for 60 s.",
     skip_while_writing=True)
 
 merge_sensor = shard_sensor(
-    "merge_sensor", merge_shard_job, needs_merge(generation_trigger=4, max_age_seconds=600),
-    "Merges a shard into the base once it has 4 pending generations or its oldest is 10 minutes old.")
+    "merge_sensor", merge_job, "merged_base", MergeTrigger(),
+    "Merges the shards with 4 pending generations, 1M pending rows, or a generation 10 minutes old "
+    "into the base, in one run.")
 
 gc_schedule = ScheduleDefinition(
     name="gc_schedule", job=gc_job, cron_schedule="*/30 * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
     description="Garbage-collects merged generations, consumed WAL and old versions every 30 minutes.")
+
+quality_schedule = ScheduleDefinition(
+    name="quality_schedule", job=quality_job, cron_schedule="17 3 * * *",
+    default_status=DefaultScheduleStatus.STOPPED,
+    description="Runs every data-quality check once a day (off by default: the checks scan the whole table).")

@@ -58,3 +58,13 @@ def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int =
 def forge_null_key_wal_entry(table: LsmTable, bucket: int = 0) -> None:
     """A forged WAL entry with a null key (Lance refuses null keys everywhere else); items schema."""
     forge_wal_entry(table, {"id": pa.array([None], pa.int64()), "name": ["null"], "price": [0.0]}, bucket)
+
+
+def resolved_job(job, resources: dict):
+    """``job`` of the code location, resolved with ``resources`` in place of the location's own."""
+    from dagster import Definitions
+
+    from definitions import defs
+
+    return Definitions(assets=list(defs.assets or ()), asset_checks=list(defs.asset_checks or ()), jobs=[job],
+                       resources={**(defs.resources or {}), **resources}).resolve_job_def(job.name)

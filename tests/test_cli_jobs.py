@@ -47,7 +47,7 @@ def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
 
 def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
     config = tmp_path / "demo.yaml"
-    config.write_text("ops:\n  generate_landing_files:\n    config:\n"
+    config.write_text("ops:\n  landing_changes:\n    config:\n"
                       "      num_keys: 500\n      num_batches: 2\n      batch_size: 300\n      seed: 3\n")
     (tmp_path / "dagster_home").mkdir()
     env = {**os.environ, "LSM_TABLE_URI": str(tmp_path / "table.lance"),

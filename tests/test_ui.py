@@ -1,4 +1,4 @@
-"""End to end through the UI: dagster dev, a demo_job run over GraphQL, the asset page in Chromium.
+"""End to end through the UI: the webserver and the daemon, a demo_job run over GraphQL, the asset page in Chromium.
 
 Needs Debian's ``chromium`` (``.ci/run`` installs it); skipped with a message where it is missing.
 A screenshot of the asset page is kept in ``test-artifacts/ui/``.
@@ -25,7 +25,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1500,1100", "--virtual-time-budget=20000"]
-DEMO_CONFIG = {"ops": {"generate_landing_files": {"config": {"num_keys": 2000, "num_batches": 2, "batch_size": 1000}}}}
+DEMO_CONFIG = {"ops": {"landing_changes": {"config": {"num_keys": 2000, "num_batches": 2, "batch_size": 1000}}}}
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
   ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
   ... on RunConfigValidationInvalid { errors { message } } } }"""
@@ -59,13 +59,13 @@ def _failures(port: int, run_id: str) -> str:
 def _wait_until_serving(port: int, server: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert server.poll() is None, "dagster dev exited"
+        assert server.poll() is None, "dagster-webserver exited"
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5)
             return
         except OSError:
             time.sleep(1)
-    raise TimeoutError("dagster dev did not start serving")
+    raise TimeoutError("dagster-webserver did not start serving")
 
 
 def _chromium(*args: str, profile: Path) -> str:
@@ -75,30 +75,34 @@ def _chromium(*args: str, profile: Path) -> str:
 
 
 @pytest.fixture
-def dagster_dev(tmp_path):
+def dagster_ui(tmp_path):
+    """The webserver and the daemon as separate processes, as ``./dev ui`` starts them."""
     home = tmp_path / "dagster_home"
     home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
     port = _free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "LSM_TABLE_URI": str(tmp_path / "table.lance"),
            "LSM_LANDING_DIR": str(tmp_path / "landing")}
-    dagster = Path(sys.executable).with_name("dagster")
-    server = subprocess.Popen([str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-                              cwd=ROOT, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bin_dir = Path(sys.executable).parent
+    commands = [[str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+                [str(bin_dir / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]]
+    daemon, server = (subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      for command in commands)
     try:
         _wait_until_serving(port, server)
         yield port
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        for process in (server, daemon):
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
 
 
-def test_demo_run_shows_its_materialization_and_metadata_in_the_ui(dagster_dev, tmp_path):
-    port = dagster_dev
+def test_demo_run_shows_its_materialization_and_metadata_in_the_ui(dagster_ui, tmp_path):
+    port = dagster_ui
     selector = {"repositoryLocationName": "lance_lsm", "repositoryName": "__repository__", "jobName": "demo_job"}
     launched = _graphql(port, LAUNCH, {"params": {"selector": selector, "runConfigData": DEMO_CONFIG}})["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched

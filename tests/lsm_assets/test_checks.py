@@ -22,7 +22,7 @@ from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.lsm.format.shard_manifest import shard_dir
-from resources.spark import lsm_pyspark_resource
+from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
 
@@ -32,17 +32,14 @@ CHEAP_CHECKS = [merged_view_primary_key_unique, merged_view_primary_key_not_null
 
 
 def run(table: LsmTable, selection: AssetSelection, gx: GreatExpectationsResource | None = None,
-        partition_key: str | None = None, run_config: dict | None = None):
+        run_config: dict | None = None):
     """Execute ``selection`` against ``table`` in process; returns the run's result."""
     job = define_asset_job("under_test", selection=selection, executor_def=in_process_executor)
     defs = Definitions(assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
                        asset_checks=all_checks, jobs=[job],
-                       resources={"lsm_table": LsmTableResource(uri=table.uri), "pyspark": lsm_pyspark_resource(),
+                       resources={"lsm_table": LsmTableResource(uri=table.uri), "spark": SparkResource(),
                                   "gx": gx or GreatExpectationsResource()})
-    if partition_key:
-        run_config = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}}
-    return defs.resolve_job_def("under_test").execute_in_process(raise_on_error=False, partition_key=partition_key,
-                                                                 run_config=run_config)
+    return defs.resolve_job_def("under_test").execute_in_process(raise_on_error=False, run_config=run_config)
 
 
 def evaluations(table: LsmTable, checks, gx: GreatExpectationsResource | None = None,
@@ -170,7 +167,7 @@ def test_a_failed_blocking_check_stops_the_merge(make_table):
     assert table.shards()[0].pending_generations  # a merge would have work to do
     selection = (AssetSelection.assets("flushed_generations", "merged_base").without_checks()
                  | AssetSelection.checks(base_primary_key_unique))
-    result = run(table, selection, partition_key="0")
+    result = run(table, selection, run_config={"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}})
     assert not result.success
     assert [e.check_name for e in result.get_asset_check_evaluations()] == ["base_primary_key_unique"]
     assert [m.asset_key.path for m in result.asset_materializations_for_node("flushed_generations")] == [

@@ -19,7 +19,7 @@ from lsm_assets.ingestion import ingested_changes, landing_changes
 from resources.lsm import LsmTable, WriterFencedError
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, replay, write_landing_files
 from resources.region_writer import RegionWriterResource
-from resources.spark import spark_conf
+from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import rows_by_key
 
@@ -34,10 +34,8 @@ def locations(tmp_path, monkeypatch):
 
 
 def _resources(spark, tmp_path: Path) -> dict:
-    from dagster_pyspark import PySparkResource
-
     table = LsmTableResource(uri=str(tmp_path / "table.lance"))
-    return {"lsm_table": table, "pyspark": PySparkResource(spark_config=spark_conf("local[2]")),
+    return {"lsm_table": table, "spark": SparkResource(master="local[2]"),
             "region_writers": RegionWriterResource(lsm_table=table)}
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 import pytest
-from dagster import MaterializeResult, asset, materialize
+from dagster import AssetIn, MaterializeResult, asset, materialize
 from pyspark.sql import DataFrame as SparkDataFrame
 
 from resources.io_manager import LsmTableIOManager
-from resources.spark import LsmPySparkResource, spark_conf
+from resources.spark import SparkResource
 from tests.helpers import rows_by_key
 
 SEEN: dict[str, object] = {}
@@ -31,9 +31,14 @@ def as_pandas(items: pd.DataFrame) -> None:
     SEEN["pandas"] = items
 
 
-@asset(required_resource_keys={"pyspark"})
+@asset(required_resource_keys={"spark"})
 def as_spark(items: SparkDataFrame) -> None:
     SEEN["spark"] = items.toPandas()
+
+
+@asset(ins={"items": AssetIn("items", metadata={"lsm/format": "pandas"})})
+def as_named_format(items) -> None:
+    SEEN["named"] = items
 
 
 @pytest.fixture
@@ -66,11 +71,17 @@ def test_loads_the_fresh_merged_view_as_arrow_and_pandas(table):
 def test_loads_a_spark_dataframe_through_the_lance_lsm_source(table, spark):
     result = materialize([items, as_spark], resources={
         "io_manager": LsmTableIOManager(uri=table.uri),
-        "pyspark": LsmPySparkResource(spark_config=spark_conf("local[2]")),
+        "spark": SparkResource(master="local[2]"),
     })
     assert result.success
     assert rows_by_key(pa.Table.from_pandas(SEEN["spark"], preserve_index=False)) == rows_by_key(table.read())
     assert row_count(result, "as_spark") == 10
+
+
+def test_the_format_named_in_input_metadata_wins_over_a_missing_annotation(table):
+    result = materialize([items, as_named_format], resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+    assert result.success and isinstance(SEEN["named"], pd.DataFrame)
+    assert rows_by_key(pa.Table.from_pandas(SEEN["named"], preserve_index=False)) == rows_by_key(table.read())
 
 
 def test_refuses_data_returned_by_an_asset(table):
