@@ -46,7 +46,9 @@ def ingest_continuously(context: OpExecutionContext, config: ContinuousIngestCon
             idle, batches = 0, batches + 1
             # Each micro-batch shows up as a materialization of the ingested table.
             context.log_event(AssetMaterialization(asset_key=ingested_changes.key, metadata=metadata))
-    except DagsterExecutionInterruptedError:
+    except (DagsterExecutionInterruptedError, KeyboardInterrupt):
+        # Terminate in the UI raises the first, Ctrl-C on the CLI the second:
+        # both are an operator's planned stop, not a failure.
         context.log.info(f"stop requested after {batches} micro-batches; closing writers")
         return
     context.log.info(f"idle for {idle} polls after {batches} micro-batches; closing writers")

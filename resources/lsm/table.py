@@ -2,7 +2,7 @@
 
 Writes go through pylance's MemWAL (one ``ShardWriter`` per shard: WAL +
 MemTable, flushed into generations); reads merge the base table, pending
-generations and the WAL tail. See DESIGN.md for the contract.
+generations and the WAL tail. See docs/architecture.md for the whole design.
 """
 
 from __future__ import annotations
@@ -541,8 +541,14 @@ class LsmTable:
 
         The writer gets the settings recorded at creation: Lance stores them
         but its writers fall back to built-in defaults unless passed in.
+
+        Raises
+        ------
+        WriterFencedError
+            If another writer claimed the shard while this one was opening.
         """
-        return self.dataset().mem_wal_writer(shard_id, **self._recorded_writer_settings())
+        with self._fencing_as_error(shard_id):
+            return self.dataset().mem_wal_writer(shard_id, **self._recorded_writer_settings())
 
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
@@ -551,14 +557,18 @@ class LsmTable:
 
     @contextmanager
     def _fencing_as_error(self, shard_id: str) -> Iterator[None]:
-        """Turn Lance's ``OSError: Writer fenced ...`` into :class:`WriterFencedError`.
+        """Turn Lance's fencing ``OSError`` into :class:`WriterFencedError`.
 
-        A fenced writer is dead: it is forgotten so the next write claims anew.
+        Lance says "Writer fenced" when a live writer's call is fenced, and
+        "another writer claimed epoch" or "fenced during open" when the claim
+        or WAL replay of a writer being opened loses to another writer. A
+        fenced writer is dead: it is forgotten so the next write claims anew.
         """
         try:
             yield
         except OSError as exc:
-            if "fenced" not in str(exc).lower():
+            message = str(exc).lower()
+            if "fenced" not in message and "another writer claimed" not in message:
                 raise
             self._writers.pop(shard_id, None)
             raise WriterFencedError(

@@ -213,6 +213,14 @@ def test_large_tables_are_validated_on_spark(make_table, spark):
     assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
 
 
+def test_a_large_merged_view_is_validated_on_spark(make_table, spark):
+    table = history(make_table)
+    gx = GreatExpectationsResource(spark_row_threshold=0)
+    results = evaluations(table, [merged_view_primary_key_unique, merged_view_primary_key_not_null], gx)
+    assert all(r.passed and r.metadata["backend"].value == "spark" for r in results.values())
+    assert results["merged_view_primary_key_unique"].metadata["rows"].value == table.count()
+
+
 def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
     dagster = Path(sys.executable).with_name("dagster")
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LSM_TABLE_URI": str(tmp_path / "table.lance"),

@@ -44,7 +44,7 @@ from ..format.schema import DELETE, OP_COLUMN
 from .scratch import key_pool, scratch_copy, synthetic_changes
 from ..table import LsmTable
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]
 Key = tuple
 State = dict[Key, dict | None]  # key -> row, or None when the key is absent
 

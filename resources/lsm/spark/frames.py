@@ -1,7 +1,7 @@
 """Spark DataFrames over an LSM table's levels, for checks that must scale past memory.
 
 The merged view comes from the ``lance_lsm`` data source
-(:mod:`.spark_source`). The base table alone is read here: one Spark task per
+(:mod:`.source`). The base table alone is read here: one Spark task per
 slice of base fragments, each streaming its fragments' record batches, so no
 process holds more than a batch.
 """
@@ -38,7 +38,7 @@ def base_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> Data
 
 def merged_view_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> DataFrame:
     """``columns`` of the merged view (what :meth:`LsmTable.read` returns), read by Spark tasks."""
-    from .spark_source import register_spark_source
+    from .source import register_spark_source
 
     register_spark_source(spark)
     return spark.read.format("lance_lsm").option("columns", ",".join(columns)).load(table.uri)
