@@ -74,7 +74,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -387,7 +387,7 @@ def plot(results: dict, path: Path) -> None:
               ("peak RSS MB", ["peak_rss_mb"]), ("MB on disk (after stream, after maint.)",
                                                  ["size_after_stream_mb", "size_after_maintenance_mb"])]
     figure, axes = plt.subplots(2, 3, figsize=(16, 8.5))
-    for axis, (title, keys) in zip(axes.flat, panels):
+    for axis, (title, keys) in zip(axes.flat, panels, strict=False):
         width = 0.8 / len(keys)
         for i, key in enumerate(keys):
             values = [ok[n][key] or 0 for n in names]
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = {system: representative(runs) for system, runs in rounds.items()}
     summaries = {system: summarize(r, workload.stream_rows, rounds[system]) for system, r in raw.items()}
     add_ratios(summaries)
-    results = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": load,
+    results = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": load,
                "config": {k: v for k, v in vars(args).items() if k not in ("workdir", "systems")},
                "workload": {k: v for k, v in asdict(workload).items() if k != "files"},
                "summary": summaries, "notes": notes(raw, paimon_note), "raw": raw,

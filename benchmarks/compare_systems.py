@@ -30,15 +30,17 @@ the Paimon venv has no pylance, Spark or deltalake.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -361,8 +363,8 @@ class ShardWriterCeiling(_LsmSystem):
 
     def prepare(self, files: list[str]) -> None:
         from resources.lsm import LsmTable
-        from resources.lsm.write.changes import resolve_changes, validate_changes
         from resources.lsm.table import DEFAULT_WRITER_CONFIG
+        from resources.lsm.write.changes import resolve_changes, validate_changes
 
         table = LsmTable.open(self.uri)
         for path in files:
@@ -420,7 +422,7 @@ def profile_ingestion() -> dict[str, float]:
 
     phases: dict[str, float] = {}
     for name, label in INGEST_PHASES.items():
-        def timed_step(*args, _step=getattr(spark_ingest, name), _label=label, **kwargs):
+        def timed_step(*args, _step=getattr(spark_ingest, name), _label=label, **kwargs):  # noqa: B008 (binds this step)
             started = time.perf_counter()
             try:
                 return _step(*args, **kwargs)
@@ -523,10 +525,8 @@ def library_versions() -> dict[str, str]:
 
     found = {}
     for name in ("pylance", "pyarrow", "pyspark", "deltalake", "pypaimon"):
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             found[name] = version(name)
-        except PackageNotFoundError:
-            pass
     return found
 
 

@@ -41,9 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import lance
 import numpy as np
@@ -53,13 +53,13 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resources.lsm import LsmTable  # noqa: E402
-from resources.lsm.spark import ingest as spark_ingest  # noqa: E402
-from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files  # noqa: E402
-from resources.lsm.write.changes import resolve_changes, validate_changes  # noqa: E402
-from resources.lsm.ingest.landing import list_landing_files  # noqa: E402
-from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN  # noqa: E402
-from resources.lsm.table import LANCE_MAX_MEMTABLE_ROWS  # noqa: E402
+from resources.lsm import LsmTable
+from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN
+from resources.lsm.ingest.landing import list_landing_files
+from resources.lsm.spark import ingest as spark_ingest
+from resources.lsm.table import LANCE_MAX_MEMTABLE_ROWS
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
+from resources.lsm.write.changes import resolve_changes, validate_changes
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_B_OVER_C, TARGET_B_OVER_A = 5.0, 0.3
@@ -288,8 +288,7 @@ def run_merge_insert(spark, uri: Path, paths: list[str], total_batches: int) -> 
 
 def latest_change_per_key(spark, path: str) -> pa.Table:
     """Spark reads one micro-batch and keeps the highest ``_seq`` per key (collected to the driver)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
+    from pyspark.sql import Window, functions as F
 
     newest_first = Window.partitionBy("id").orderBy(F.col(SEQ_COLUMN).desc())
     return spark.read.parquet(path).withColumn("__rank", F.row_number().over(newest_first)) \
@@ -390,7 +389,7 @@ class PySpy:
         self.output = output
         self._process: subprocess.Popen | None = None
 
-    def __enter__(self) -> "PySpy":
+    def __enter__(self) -> PySpy:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self._process = subprocess.Popen(
             [py_spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--idle", "--rate", str(self.RATE),

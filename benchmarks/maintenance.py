@@ -30,8 +30,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import lance
 import numpy as np
@@ -39,11 +39,11 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from resources.lsm import LsmTable  # noqa: E402
-from resources.lsm.testing.changegen import EVENTS_SCHEMA  # noqa: E402
-from resources.lsm.format.compaction_marker import read_compacted_generations  # noqa: E402
-from resources.lsm.read.dedup import keep_last_per_key  # noqa: E402
-from resources.lsm.format.schema import TOMBSTONE_COLUMN  # noqa: E402
+from resources.lsm import LsmTable
+from resources.lsm.format.compaction_marker import read_compacted_generations
+from resources.lsm.format.schema import TOMBSTONE_COLUMN
+from resources.lsm.read.dedup import keep_last_per_key
+from resources.lsm.testing.changegen import EVENTS_SCHEMA
 
 STATUSES = np.array(["new", "paid", "shipped", "returned"])
 
@@ -206,7 +206,7 @@ def print_report(report: dict) -> None:
     header = ("measurement", "ours", "plain/base", "ratio", "target")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
 
 
 def main() -> None:

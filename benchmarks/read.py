@@ -129,7 +129,7 @@ def bench_spark(root: Path, num_keys: int, num_shards: int, repeat: int) -> dict
     results = {}
     for name, frame in readers.items():
         frame().write.format("noop").mode("overwrite").save()  # warm up workers and caches
-        seconds = median_seconds(lambda: frame().write.format("noop").mode("overwrite").save(), repeat)
+        seconds = median_seconds(lambda frame=frame: frame().write.format("noop").mode("overwrite").save(), repeat)
         results[name] = {"seconds": seconds, "rows_per_s": num_keys / seconds}
     results["ratio"] = results["lance_lsm"]["rows_per_s"] / results["parquet"]["rows_per_s"]
     spark.stop()

@@ -48,14 +48,24 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from .errors import InvalidChangesError, Rejection, TableNotFoundError, WriterFencedError
-    from .format.shard_state import ShardState
-    from .maintenance.compaction import BaseMaintenance, CompactionResult, MaintenancePolicy, ShardCompaction
-    from .maintenance.gc import GcResult, Reclaimed
-    from .read.vector_search import VectorIndex, train_vector_index
-    from .spark.source import register_spark_source
-    from .table import LsmTable, WriteResult
+if TYPE_CHECKING:  # `X as X`: explicit re-exports for type checkers (`__all__` is computed)
+    from .errors import (
+        InvalidChangesError as InvalidChangesError,
+        Rejection as Rejection,
+        TableNotFoundError as TableNotFoundError,
+        WriterFencedError as WriterFencedError,
+    )
+    from .format.shard_state import ShardState as ShardState
+    from .maintenance.compaction import (
+        BaseMaintenance as BaseMaintenance,
+        CompactionResult as CompactionResult,
+        MaintenancePolicy as MaintenancePolicy,
+        ShardCompaction as ShardCompaction,
+    )
+    from .maintenance.gc import GcResult as GcResult, Reclaimed as Reclaimed
+    from .read.vector_search import VectorIndex as VectorIndex, train_vector_index as train_vector_index
+    from .spark.source import register_spark_source as register_spark_source
+    from .table import LsmTable as LsmTable, WriteResult as WriteResult
 
 
 def __getattr__(name: str) -> Any:

@@ -9,33 +9,32 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import contextmanager
-from datetime import timedelta
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from .maintenance import compaction
-from .read import merged_read
-from .read import vector_search
 from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
-from .write.changes import ( resolve_changes, resolve_ordered_changes, to_arrow,
-                      validate_changes)
-from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .format.compaction_marker import read_compacted_generations
-from .maintenance.gc import GcResult, collect_garbage
-from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
-from .read.pk_bloom import GenerationFilters
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import TableStorage
+from .maintenance import compaction
+from .maintenance.compaction import CompactionResult, MaintenancePolicy
+from .maintenance.gc import GcResult, collect_garbage
+from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
+from .read import merged_read, vector_search
+from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
+from .write.changes import resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
 
 _CONFIG_PRIMARY_KEY = "lsm.primary_key"
 _CONFIG_SHARD_IDS = "lsm.shard_ids"
@@ -129,7 +128,7 @@ class LsmTable:
     def create(cls, uri: str, schema: pa.Schema, primary_key: list[str], num_shards: int = 4, *,
                bucket_column: str | None = None, storage_options: dict[str, str] | None = None,
                vector_index: vector_search.VectorIndex | None = None, fts_column: str | None = None,
-               **writer_config: Any) -> "LsmTable":
+               **writer_config: Any) -> LsmTable:
         """Create an empty LSM table.
 
         Declares ``primary_key`` in the schema, creates the base table (plus a
@@ -178,7 +177,7 @@ class LsmTable:
         return cls.open(uri, storage_options=storage_options)
 
     @classmethod
-    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> "LsmTable":
+    def open(cls, uri: str, *, storage_options: dict[str, str] | None = None) -> LsmTable:
         """Open an existing LSM table with the settings it was created with.
 
         Raises
@@ -355,9 +354,9 @@ class LsmTable:
                 return True
 
         # In parallel: a close is mostly waiting on storage.
-        return [shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers)) if fenced]
+        return [shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced]
 
-    def __enter__(self) -> "LsmTable":
+    def __enter__(self) -> LsmTable:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -510,7 +509,7 @@ class LsmTable:
         if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
             return to_arrow(keys).select(self.primary_key).cast(key_schema)
         rows = [
-            k if isinstance(k, dict) else dict(zip(self.primary_key, k if isinstance(k, (tuple, list)) else (k,)))
+            k if isinstance(k, dict) else dict(zip(self.primary_key, k if isinstance(k, (tuple, list)) else (k,), strict=False))
             for k in keys
         ]
         return pa.Table.from_pylist(rows, schema=key_schema)

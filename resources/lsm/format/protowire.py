@@ -61,11 +61,11 @@ class Message:
         raw = self.bytes(number)
         return raw.decode("utf-8") if raw is not None else None
 
-    def message(self, number: int) -> "Message | None":
+    def message(self, number: int) -> Message | None:
         raw = self.bytes(number)
         return decode(raw) if raw is not None else None
 
-    def messages(self, number: int) -> list["Message"]:
+    def messages(self, number: int) -> list[Message]:
         return [decode(bytes(raw)) for raw in self.fields.get(number, [])]
 
     def packed_ints(self, number: int) -> list[int]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
-from .wal import read_wal_entry
 from .storage import TableStorage
+from .wal import read_wal_entry
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ import csv
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.csv as pacsv

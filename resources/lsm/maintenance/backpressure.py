@@ -9,7 +9,8 @@ reaches ``stop_generations``, ingestion either waits for the merge to catch up
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .policy import BackpressureError, BackpressurePolicy
 

@@ -48,8 +48,9 @@ Safety:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
@@ -57,10 +58,10 @@ import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
 from ..format.compaction_marker import read_compacted_generations
-from ..read.dedup import keep_last_per_key
-from ..read.generations import generation_rows, open_generation
 from ..format.schema import TOMBSTONE_COLUMN, empty_tail
 from ..format.shard_state import ShardState
+from ..read.dedup import keep_last_per_key
+from ..read.generations import generation_rows, open_generation
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
 
 if TYPE_CHECKING:
@@ -217,7 +218,7 @@ class _ShardTally:
         self.base_version = version
 
 
-def compact(table: "LsmTable", shard_ids: Sequence[str], *,
+def compact(table: LsmTable, shard_ids: Sequence[str], *,
             max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
             maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
     """Merge every generation pending at the start into the base, all shards per commit.
@@ -287,12 +288,12 @@ def _shard_result(shard_id: str, tally: _ShardTally, after: ShardState, started:
     )
 
 
-def _shard_states(table: "LsmTable", shard_ids: Sequence[str]) -> dict[str, ShardState]:
+def _shard_states(table: LsmTable, shard_ids: Sequence[str]) -> dict[str, ShardState]:
     """Each shard's state against the markers of the latest base version."""
     return {s.shard_id: s for s in table.shard_states(shard_ids=shard_ids)}
 
 
-def _read_passes(table: "LsmTable", todo: dict[str, Sequence[tuple[int, str]]],
+def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]],
                  max_rows: int) -> list[_ShardPass]:
     """One commit's worth of generations: shard after shard, each from its marker up.
 

@@ -53,18 +53,25 @@ garbage that the next run collects.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow.fs as pafs
 
 from ..format.compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
-from ..ingest.landing import STAGING_DIR
-from ..format.shard_manifest import (decode_shard_manifest, list_generation_dirs, list_wal_entries,
-                             parse_position, read_shard_manifest, shard_dir)
+from ..format.shard_manifest import (
+    decode_shard_manifest,
+    list_generation_dirs,
+    list_wal_entries,
+    parse_position,
+    read_shard_manifest,
+    shard_dir,
+)
 from ..format.storage import TableStorage
+from ..ingest.landing import STAGING_DIR
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
 
 if TYPE_CHECKING:
@@ -87,7 +94,7 @@ class Reclaimed:
     count: int = 0
     bytes: int = 0
 
-    def __add__(self, other: "Reclaimed") -> "Reclaimed":
+    def __add__(self, other: Reclaimed) -> Reclaimed:
         return Reclaimed(self.count + other.count, self.bytes + other.bytes)
 
 
@@ -107,7 +114,7 @@ class GcResult:
                                      self.orphan_directories, self.base_versions))
 
 
-def collect_garbage(table: "LsmTable", *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+def collect_garbage(table: LsmTable, *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
                     wal_grace_seconds: float = DEFAULT_GRACE_SECONDS, retain_versions: int | None = None,
                     older_than: timedelta | None = DEFAULT_VERSION_RETENTION) -> GcResult:
     """Delete what is compacted, consumed or orphaned (rules in the module docstring).

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..table import LsmTable
 from ..write.changes import resolve_changes, validate_changes
 from .scratch import key_pool, live_keys, synthetic_changes
-from ..table import LsmTable
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,26 @@ misread data, as typed :class:`Finding` records:
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
 
 from ..format.compaction_marker import read_compacted_generations
 from ..format.schema import empty_tail
-from ..format.shard_manifest import (ShardManifest, decode_shard_manifest, list_generation_dirs, list_wal_entries,
-                             parse_position, read_shard_manifest, shard_dir)
+from ..format.shard_manifest import (
+    ShardManifest,
+    decode_shard_manifest,
+    list_generation_dirs,
+    list_wal_entries,
+    parse_position,
+    read_shard_manifest,
+    shard_dir,
+)
 from ..format.storage import TableStorage
 from ..format.wal import CorruptWalEntryError, read_wal_entry
 
@@ -102,7 +111,7 @@ class ShardRecovery:
         return not self.errors
 
 
-def verify_shards(table: "LsmTable", buckets: Iterable[int] | None = None) -> list[ShardRecovery]:
+def verify_shards(table: LsmTable, buckets: Iterable[int] | None = None) -> list[ShardRecovery]:
     """Verify the recovery state of the given shards (default: all), in bucket order.
 
     Reads only; never opens a writer, so it neither claims nor fences a shard.
@@ -172,7 +181,7 @@ def _manifest_history(storage: TableStorage, shard_id: str, found: _Collector) -
         if manifest.version != version:
             found.error("manifest", f"manifest file for version {version} holds version {manifest.version}")
         history.append(manifest)
-    for older, newer in zip(history, history[1:]):
+    for older, newer in itertools.pairwise(history):
         for name in ("writer_epoch", "replay_after_wal_position", "current_generation"):
             if getattr(newer, name) < getattr(older, name):
                 found.error("manifest", f"{name} goes back from {getattr(older, name)} (version {older.version}) "
@@ -229,7 +238,7 @@ def _verify_wal(storage: TableStorage, shard_id: str, manifest: ShardManifest | 
     replay_after = manifest.replay_after_wal_position if manifest else 0
     epoch = manifest.writer_epoch if manifest else 0
     entries = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
-    gaps = [e.position for prev, e in zip([None, *entries], entries)
+    gaps = [e.position for prev, e in zip([None, *entries], entries, strict=False)
             if e.position != (prev.position if prev else replay_after) + 1]
     if gaps:
         found.error("wal", f"WAL entries {gaps} follow a missing position (replay starts after {replay_after})")

@@ -39,10 +39,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .recovery_checks import ShardRecovery, verify_shards
 from ..format.schema import DELETE, OP_COLUMN
-from .scratch import key_pool, scratch_copy, synthetic_changes
 from ..table import LsmTable
+from .recovery_checks import ShardRecovery, verify_shards
+from .scratch import key_pool, scratch_copy, synthetic_changes
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 Key = tuple

@@ -8,13 +8,13 @@ find orphans of failed or fenced flushes, which must never be read.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import lance
 import pyarrow as pa
 
-from .dedup import keep_last_per_key
 from ..format.shard_manifest import shard_dir
+from .dedup import keep_last_per_key
 
 
 def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:

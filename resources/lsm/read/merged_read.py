@@ -29,9 +29,9 @@ import queue
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import lance
 import numpy as np
@@ -39,10 +39,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
 
-from .generations import newest_per_key, read_generations
-from .pk_bloom import GenerationFilters
 from ..format.schema import TOMBSTONE_COLUMN, without_internal_columns
 from ..format.shard_state import ShardState
+from .generations import newest_per_key, read_generations
+from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
 _READERS = 8
@@ -69,7 +69,7 @@ class ReadSnapshot:
     storage_options: dict[str, str] | None = None
     session: lance.Session | None = None
     """Lance session to open generations through (their metadata is cached there)."""
-    pending_cache: "PendingGenerations | None" = None
+    pending_cache: PendingGenerations | None = None
     """Where resolved pending generations are kept between reads (``None``: read them every time)."""
 
     def shard_snapshots(self) -> list[ShardSnapshot]:
@@ -130,7 +130,7 @@ class _BaseBatches:
         except BaseException as exc:  # handed to the reading thread, which raises it
             self._batches.put(exc)
 
-    def without(self, keys: "_KeyFilter") -> pa.Table:
+    def without(self, keys: _KeyFilter) -> pa.Table:
         """Every base row whose key is not in ``keys``, in scan order.
 
         Batches are filtered on the reader threads while the scan goes on

@@ -29,7 +29,7 @@ import logging
 import struct
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import lance
 import numpy as np
@@ -58,7 +58,7 @@ def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
 def pk_hash(values: Sequence[int | str], types: Sequence[pa.DataType]) -> int:
     """Lance's 64-bit primary-key hash of one non-null key (types per :func:`hashable_key_types`)."""
     parts = []
-    for value, value_type in zip(values, types):
+    for value, value_type in zip(values, types, strict=True):
         parts.append(b"\x00")  # is_null = false
         fmt = _INT_FORMATS.get(value_type)
         parts.append(struct.pack(fmt, value) if fmt else value.encode() + b"\xff")
@@ -77,7 +77,7 @@ class SplitBlockBloomFilter:
         """``False`` only if no key with this hash was inserted."""
         block = self._blocks[((key_hash >> 32) * len(self._blocks)) >> 32]
         low = key_hash & 0xFFFFFFFF
-        return all(int(word) >> (((low * salt) & 0xFFFFFFFF) >> 27) & 1 for word, salt in zip(block, _SALT))
+        return all(int(word) >> (((low * salt) & 0xFFFFFFFF) >> 27) & 1 for word, salt in zip(block, _SALT, strict=True))
 
 
 class GenerationFilters:
@@ -134,7 +134,7 @@ class GenerationFilters:
         generation = lance.dataset(f"{self._uri}/{path}", storage_options=self._storage_options)
         sample = generation.to_table(columns=self._key, limit=_SAMPLE_ROWS)
         return all(bloom.might_contain(pk_hash(row, self._types))
-                   for row in zip(*(sample[c].to_pylist() for c in self._key)))
+                   for row in zip(*(sample[c].to_pylist() for c in self._key), strict=True))
 
 
 def _rotl(value: int, bits: int) -> int:

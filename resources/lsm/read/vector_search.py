@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import lance
 import numpy as np
 import pyarrow as pa
 from lance.mem_wal import LsmVectorSearchPlanner
 
-from .merged_read import ReadSnapshot, key_join
 from ..format.schema import TOMBSTONE_COLUMN, without_internal_columns
+from .merged_read import ReadSnapshot, key_join
 
 CONFIG_VECTOR_INDEX = "lsm.vector_index"
 CONFIG_FTS_COLUMN = "lsm.fts_column"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .dedup import keep_last_per_key
 from ..format.schema import empty_tail
 from ..format.shard_manifest import list_wal_entries
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry
+from .dedup import keep_last_per_key
 
 
 def read_wal_tail(storage: TableStorage, shard_id: str, after_position: int,

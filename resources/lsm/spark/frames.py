@@ -8,7 +8,7 @@ process holds more than a batch.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import lance
 import pyarrow as pa

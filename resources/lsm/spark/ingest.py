@@ -40,21 +40,30 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import Rejection
-from ..write.changes import validate_changes
-from ..ingest.landing import (STAGING_DIR, IngestLedger, LandingFile, LandingRetention, LedgerEntry,
-                              UnreadableFileError, list_landing_files, retire_landing_files,
-                      new_ledger_entry, read_landing_file)
 from ..format.schema import SEQ_COLUMN
 from ..format.storage import TableStorage
+from ..ingest.landing import (
+    STAGING_DIR,
+    IngestLedger,
+    LandingFile,
+    LandingRetention,
+    LedgerEntry,
+    UnreadableFileError,
+    list_landing_files,
+    new_ledger_entry,
+    read_landing_file,
+    retire_landing_files,
+)
 from ..table import LsmTable, ShardTotals, ShardWriteCount
+from ..write.changes import validate_changes
 
 _QUARANTINE_SCHEMA = "file string, row long, reason string, record string"
 
@@ -189,7 +198,7 @@ class _PerFileCounts:
     def zero(self, value: dict) -> dict:
         return {}
 
-    def addInPlace(self, counts: dict, more: dict) -> dict:  # noqa: N802 (PySpark's name)
+    def addInPlace(self, counts: dict, more: dict) -> dict:
         counts.update(more)
         return counts
 
@@ -355,12 +364,12 @@ def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table
     ordered, ordered_buckets = good.drop_columns([SEQ_COLUMN]).take(order), buckets[order]
     values, starts = np.unique(ordered_buckets, return_index=True)
     ends = [*starts[1:], good.num_rows]
-    return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends)]
+    return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends, strict=True)]
 
 
 def _rejected_rows(name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
     return [_RejectedRow(name, r.row, r.reason, record)
-            for r, record in zip(rejections, _records(raw, rejections))]
+            for r, record in zip(rejections, _records(raw, rejections), strict=True)]
 
 
 def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:

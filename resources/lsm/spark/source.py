@@ -49,30 +49,45 @@ columns of that schema: the ``columns`` option or a user-given schema
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
-    DataSource, DataSourceReader, EqualNullSafe, EqualTo, Filter, GreaterThan, GreaterThanOrEqual,
-    In, InputPartition, IsNotNull, IsNull, LessThan, LessThanOrEqual, Not, StringContains,
-    StringEndsWith, StringStartsWith,
+    DataSource,
+    DataSourceReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringContains,
+    StringEndsWith,
+    StringStartsWith,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from ..read.generations import newest_per_key, read_generations
-from ..read.merged_read import key_join
 from ..format.schema import TOMBSTONE_COLUMN, empty_tail
 from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
-from ..table import LsmTable
+from ..read.generations import newest_per_key, read_generations
+from ..read.merged_read import key_join
 from ..read.wal_tail import read_wal_tail
+from ..table import LsmTable
 
 SOURCE_NAME = "lance_lsm"
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -122,7 +137,7 @@ class LsmDataSource(DataSource):
         columns = _columns_option(self.options) or table.schema.names
         return from_arrow_schema(pa.schema([_plain(table.schema.field(c)) for c in columns]))
 
-    def reader(self, schema: StructType) -> "LsmReader":
+    def reader(self, schema: StructType) -> LsmReader:
         fresh = str(self.options.get("fresh", "true")).lower() != "false"
         return LsmReader(self._uri, schema, fresh)
 

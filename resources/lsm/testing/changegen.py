@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,6 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..format.schema import DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
-
 
 
 def events_schema(vector_dim: int = 0, with_text: bool = False) -> pa.Schema:
@@ -149,7 +148,7 @@ def _batch(spec: ChangeStreamSpec, rng: np.random.Generator, keys: np.ndarray, o
     return pa.table(columns)
 
 
-_WORDS = np.array("express parcel fragile refund priority gift bulk order late early damaged green".split())
+_WORDS = np.array(["express", "parcel", "fragile", "refund", "priority", "gift", "bulk", "order", "late", "early", "damaged", "green"])
 
 # Each kind of malformed row, and the reason ingestion must quarantine it for.
 MALFORMED_KINDS = ("null key", "bad type", "unknown _op", "unknown column")

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import Rejection
+from ..format.schema import CHANGE_COLUMNS, CHANGE_OPS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
 from ..read.dedup import last_per_key
-from ..format.schema import CHANGE_COLUMNS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT, CHANGE_OPS
 
 
 @dataclass(frozen=True)

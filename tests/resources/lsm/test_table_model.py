@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from typing import ClassVar
 
 import pyarrow as pa
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from resources.lsm import LsmTable
@@ -29,7 +29,7 @@ class LsmTableMachine(RuleBasedStateMachine):
     """Drives one LsmTable and a dict oracle {key tuple: row} side by side."""
 
     schema: pa.Schema
-    primary_key: list[str]
+    primary_key: ClassVar[list[str]]
     keys: st.SearchStrategy
 
     def __init__(self) -> None:
@@ -55,7 +55,7 @@ class LsmTableMachine(RuleBasedStateMachine):
         rows = []
         for seq, (key, op) in enumerate(ops):
             self.version += 1
-            row = self.row(key) if op == "upsert" else dict(zip(self.primary_key, key))
+            row = self.row(key) if op == "upsert" else dict(zip(self.primary_key, key, strict=True))
             rows.append({**row, "_op": op, "_seq": seq})
         # Present rows in reverse order: the highest _seq (last op) must still win.
         rows.reverse()
@@ -121,7 +121,7 @@ class LsmTableMachine(RuleBasedStateMachine):
 
 class SingleKeyMachine(LsmTableMachine):
     schema = SINGLE_KEY_SCHEMA
-    primary_key = ["id"]
+    primary_key: ClassVar[list[str]] = ["id"]
     keys = st.integers(min_value=0, max_value=40).map(lambda i: (i,))
 
     def row(self, key: tuple) -> dict:
@@ -130,7 +130,7 @@ class SingleKeyMachine(LsmTableMachine):
 
 class CompositeKeyMachine(LsmTableMachine):
     schema = COMPOSITE_KEY_SCHEMA
-    primary_key = ["region", "id"]
+    primary_key: ClassVar[list[str]] = ["region", "id"]
     keys = st.tuples(st.sampled_from(["eu", "us", "apac"]), st.integers(min_value=0, max_value=12))
 
     def row(self, key: tuple) -> dict:

@@ -9,8 +9,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from resources.lsm.ingest.landing import (ARCHIVE_DIR, IngestLedger, LandingRetention, list_landing_files,
-                                          new_ledger_entry, retire_landing_files)
+from resources.lsm.ingest.landing import (
+    ARCHIVE_DIR,
+    IngestLedger,
+    LandingRetention,
+    list_landing_files,
+    new_ledger_entry,
+    retire_landing_files,
+)
 from resources.lsm.spark.ingest import ingest_landing_files, pending_landing_files
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
 from tests.helpers import rows_by_key

@@ -17,6 +17,7 @@ it is by then (still writing, committing, or just done).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -30,10 +31,10 @@ import pyarrow as pa
 from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable
-from resources.lsm.maintenance import gc as lsm_gc
-from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.lsm.format.compaction_marker import read_compacted_generations
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
+from resources.lsm.maintenance import gc as lsm_gc
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -86,7 +87,7 @@ def marker_advances(table: LsmTable) -> dict[str, int]:
     """Per shard, how many base versions moved its compacted marker."""
     history = _marker_history(table)
     return {
-        s: sum(1 for before, after in zip(history, history[1:]) if after.get(s, 0) != before.get(s, 0))
+        s: sum(1 for before, after in itertools.pairwise(history) if after.get(s, 0) != before.get(s, 0))
         for s in table.shard_ids
     }
 
@@ -94,14 +95,14 @@ def marker_advances(table: LsmTable) -> dict[str, int]:
 def merge_commits(table: LsmTable) -> int:
     """How many base versions moved some shard's compacted marker (merge commits)."""
     history = _marker_history(table)
-    return sum(1 for before, after in zip(history, history[1:]) if after != before)
+    return sum(1 for before, after in itertools.pairwise(history) if after != before)
 
 
 def markers_only_advance(table: LsmTable) -> bool:
     """No base version moved a shard's compacted marker backwards (nothing merged twice)."""
     history = _marker_history(table)
     return all(after.get(s, 0) >= before.get(s, 0)
-               for before, after in zip(history, history[1:]) for s in table.shard_ids)
+               for before, after in itertools.pairwise(history) for s in table.shard_ids)
 
 
 def run_worker(uri: str, *args: object) -> int:

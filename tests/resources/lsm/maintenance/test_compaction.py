@@ -17,12 +17,18 @@ import pytest
 from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable, MaintenancePolicy
-from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from resources.lsm.format.compaction_marker import read_compacted_generations
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import (
-    assert_base_sane, assert_view, build_change_table, marker_advances, markers_only_advance, merge_commits,
-    oracle_view, run_worker,
+    assert_base_sane,
+    assert_view,
+    build_change_table,
+    marker_advances,
+    markers_only_advance,
+    merge_commits,
+    oracle_view,
+    run_worker,
 )
 
 
@@ -184,12 +190,12 @@ def test_generations_flushed_during_a_merge_wait_for_the_next_one(tmp_path, monk
     result = table.compact()
     assert {r.shard_id: r.generations_merged for r in result.shards} == before
     assert all(r.pending_generations == 1 and r.oldest_pending_age_seconds >= 0 for r in result.shards)
-    assert_view(table, batches + [late])
+    assert_view(table, [*batches, late])
 
     monkeypatch.setattr(MergeInsertBuilder, "execute", original)
     table.compact()
     assert all(not s.pending_generations for s in table.shards())
-    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches + [late])
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view([*batches, late])
 
 
 def test_writers_running_during_compaction_lose_nothing(tmp_path):

@@ -12,14 +12,18 @@ import lance
 import pyarrow as pa
 
 from resources.lsm import LsmTable
-from resources.lsm.read import merged_read
-from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
-from resources.lsm.ingest.landing import STAGING_DIR
 from resources.lsm.format.schema import PRIMARY_KEY_METADATA, TOMBSTONE_COLUMN, empty_tail
 from resources.lsm.format.shard_manifest import list_generation_dirs, list_wal_entries
+from resources.lsm.ingest.landing import STAGING_DIR
+from resources.lsm.read import merged_read
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import (
-    assert_base_sane, assert_view, build_change_table, oracle_view, run_worker,
+    assert_base_sane,
+    assert_view,
+    build_change_table,
+    oracle_view,
+    run_worker,
 )
 
 EVERYTHING = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "retain_versions": 1, "older_than": None}

@@ -9,8 +9,8 @@ import lance
 import pyarrow as pa
 
 from resources.lsm import LsmTable
-from resources.lsm.quality.recovery_checks import Severity, verify_shards
 from resources.lsm.format.shard_manifest import list_wal_entries, read_shard_manifest, shard_dir
+from resources.lsm.quality.recovery_checks import Severity, verify_shards
 from tests.helpers import forge_null_key_wal_entry, keys_in_bucket
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.lsm.quality.reconciliation import expected_change, probe_reconciliation
 from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
 from resources.lsm.quality.scratch import live_keys, scratch_copy
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 
 

@@ -43,7 +43,7 @@ def acknowledge(process: subprocess.Popen, op: str, first: int, count: int) -> N
 
 def test_rows_acknowledged_in_another_process_are_read_fresh_and_survive_sigkill(make_table, writer_process):
     table = make_table()
-    table.write(pa.table({"id": pa.array(range(0, 50), pa.int64()), "name": ["parent"] * 50,
+    table.write(pa.table({"id": pa.array(range(50), pa.int64()), "name": ["parent"] * 50,
                           "price": [1.0] * 50}))
     table.close()  # a flushed generation under the child's WAL-only rows
     child = writer_process(table.uri)

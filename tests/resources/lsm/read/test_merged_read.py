@@ -13,7 +13,7 @@ from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
 
-EVERYTHING = dict(orphan_grace_seconds=0, wal_grace_seconds=0, older_than=timedelta(0))
+EVERYTHING = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "older_than": timedelta(0)}
 
 
 def assert_reads(table: LsmTable, batches) -> None:
@@ -74,7 +74,7 @@ def test_key_filter_drops_exactly_the_pending_keys(pending):
     keys = pa.table({"id": pa.array(pending, pa.int64())})
     kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
     assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
-    assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9)) if k not in pending]
+    assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9), strict=True) if k not in pending]
 
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):

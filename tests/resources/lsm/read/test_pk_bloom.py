@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.format.shard_manifest import shard_dir
+from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
 from tests.helpers import rows_by_key
 
 KEYED_SCHEMAS = {
@@ -53,15 +53,16 @@ def test_every_key_of_a_generation_passes_its_filter_and_absent_keys_mostly_do_n
     table.write(pa.table({**keys_for(schema, key, range(0, 900, 6)), "_op": ["delete"] * 150}))
     table.close()
     types = [schema.field(c).type for c in key]
-    absent = list(zip(*keys_for(schema, key, range(10_000, 12_000)).values()))
+    absent = list(zip(*keys_for(schema, key, range(10_000, 12_000)).values(), strict=True))
     tombstones = 0
     for shard in table.shards():
         for _, directory in shard.pending_generations:
             path = generation_path(table, shard.shard_id, directory)
-            bloom = SplitBlockBloomFilter(open(f"{path}/{BLOOM_FILTER_FILE}", "rb").read())
+            with open(f"{path}/{BLOOM_FILTER_FILE}", "rb") as f:
+                bloom = SplitBlockBloomFilter(f.read())
             rows = lance.dataset(path).to_table(columns=[*key, TOMBSTONE_COLUMN])
             tombstones += sum(rows[TOMBSTONE_COLUMN].to_pylist())
-            assert all(bloom.might_contain(pk_hash(k, types)) for k in zip(*(rows[c].to_pylist() for c in key)))
+            assert all(bloom.might_contain(pk_hash(k, types)) for k in zip(*(rows[c].to_pylist() for c in key), strict=True))
             assert sum(bloom.might_contain(pk_hash(k, types)) for k in absent) < len(absent) * 0.05
     assert tombstones == 150, "deletes are rows of their generation, and their filter admits them"
 

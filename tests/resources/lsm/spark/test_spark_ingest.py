@@ -14,9 +14,15 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.testing.changegen import EVENTS_SCHEMA, MALFORMED_KINDS, ChangeStreamSpec, replay, write_landing_files
 from resources.lsm.ingest.landing import STAGING_DIR, IngestLedger
 from resources.lsm.spark.ingest import ingest_landing_files
+from resources.lsm.testing.changegen import (
+    EVENTS_SCHEMA,
+    MALFORMED_KINDS,
+    ChangeStreamSpec,
+    replay,
+    write_landing_files,
+)
 from tests.helpers import rows_by_key
 
 ROOT = Path(__file__).resolve().parents[4]

@@ -25,7 +25,7 @@ def deletes(ids) -> pa.Table:
 def lsm(spark, tmp_path_factory):
     """Every level populated: merged base, two pending generations, a WAL tail; deletes in each."""
     table = LsmTable.create(str(tmp_path_factory.mktemp("spark") / "t.lance"), ITEMS_SCHEMA, ["id"], num_shards=3)
-    for changes in (items(range(600), "base"), deletes(range(0, 20))):
+    for changes in (items(range(600), "base"), deletes(range(20))):
         table.write(changes)
         table.close()
     table.compact()

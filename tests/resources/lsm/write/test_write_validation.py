@@ -76,7 +76,7 @@ def test_shard_ordered_writes_keep_the_last_change_per_key_and_refuse_other_shar
     table = make_table(num_shards=2)
     keys = pa.table({"id": pa.array(range(20), pa.int64())})
     buckets = table.buckets(keys)
-    mine = [k for k, b in zip(range(20), buckets) if b == 0]
+    mine = [k for k, b in zip(range(20), buckets, strict=True) if b == 0]
     first, second = mine[0], mine[1]
     ordered = pa.table({"id": pa.array([first, second, first, second], pa.int64()),
                         "name": ["old", "gone", "new", None], "price": [1.0, 2.0, 3.0, None],
@@ -86,7 +86,7 @@ def test_shard_ordered_writes_keep_the_last_change_per_key_and_refuse_other_shar
     assert (written.upserts, written.deletes) == (1, 1)
     assert table.read().to_pylist() == [{"id": first, "name": "new", "price": 3.0}]
 
-    theirs = next(k for k, b in zip(range(20), buckets) if b == 1)
+    theirs = next(k for k, b in zip(range(20), buckets, strict=True) if b == 1)
     with pytest.raises(ValueError, match="got rows of other shards"):
         table.write_shard_ordered(table.shard_ids[0], ordered.slice(0, 1).set_column(
             0, "id", pa.array([theirs], pa.int64())))
