@@ -96,8 +96,10 @@ NOT_MERGED = {"paimon"}  # pypaimon writes level-0 files only; compaction needs 
 
 PAIMON_VERSION = "2.1.0"
 PAIMON_VENV = REPO / "benchmarks" / ".venv-paimon"
-PAIMON_WHY_OWN_VENV = (f"pypaimon {PAIMON_VERSION} requires pyarrow >=16,<20 (not 19.0.0) and fsspec <2026; "
-                       "the platform pins pyarrow 26.0.1 and fsspec 2026.9.0")
+PAIMON_WHY_OWN_VENV = (
+    f"pypaimon {PAIMON_VERSION} requires pyarrow >=16,<20 (not 19.0.0) and fsspec <2026; "
+    "the platform pins pyarrow 26.0.1 and fsspec 2026.9.0"
+)
 
 SCALES = {
     "small": {"base_rows": 100_000, "batches": 20, "batch_size": 5_000, "probes": 10, "rounds": 3},
@@ -106,6 +108,7 @@ SCALES = {
 
 
 # ------------------------------------------------------------------ workload
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -123,9 +126,15 @@ def make_workload(workdir: Path, args: argparse.Namespace) -> tuple[Workload, pa
     if growth <= 0:
         raise SystemExit("update ratio + 2 x delete ratio must stay below 1, or the base never grows")
     history = math.ceil(args.base_rows / (growth * args.batch_size))
-    spec = ChangeStreamSpec(num_keys=2**62, num_batches=history + args.batches, batch_size=args.batch_size,
-                            update_ratio=args.update_ratio, delete_ratio=args.delete_ratio,
-                            reinsert_ratio=args.reinsert_ratio, seed=args.seed)
+    spec = ChangeStreamSpec(
+        num_keys=2**62,
+        num_batches=history + args.batches,
+        batch_size=args.batch_size,
+        update_ratio=args.update_ratio,
+        delete_ratio=args.delete_ratio,
+        reinsert_ratio=args.reinsert_ratio,
+        seed=args.seed,
+    )
     batches = list(generate_changes(spec))
     base = live_rows(replay(batches[:history]))
     pq.write_table(base, workdir / "base.parquet")
@@ -138,11 +147,18 @@ def make_workload(workdir: Path, args: argparse.Namespace) -> tuple[Workload, pa
     for number, batch in enumerate(batches[history:]):
         files.append(str(landing / f"changes-{number:06d}.parquet"))
         pq.write_table(batch, files[-1])
-    base_changes = base.append_column("_op", pa.array(["upsert"] * base.num_rows)) \
-        .append_column("_seq", pa.array(np.arange(base.num_rows, dtype=np.int64)))
+    base_changes = base.append_column("_op", pa.array(["upsert"] * base.num_rows)).append_column(
+        "_seq", pa.array(np.arange(base.num_rows, dtype=np.int64))
+    )
     oracle = live_rows(replay([base_changes, *batches[history:]]))
-    workload = Workload(history, history * args.batch_size, base.num_rows, args.batches * args.batch_size,
-                        files, str(workdir / "base.parquet"))
+    workload = Workload(
+        history,
+        history * args.batch_size,
+        base.num_rows,
+        args.batches * args.batch_size,
+        files,
+        str(workdir / "base.parquet"),
+    )
     return workload, oracle
 
 
@@ -158,12 +174,18 @@ def compare_content(path: Path, oracle: pa.Table) -> dict:
         return {"equal": True, "rows": content.num_rows}
     got = {r["id"]: r for r in content.to_pylist()}
     want = {r["id"]: r for r in oracle.to_pylist()}
-    return {"equal": False, "rows": content.num_rows, "missing": len(want.keys() - got.keys()),
-            "extra": len(got.keys() - want.keys()), "duplicates": content.num_rows - len(got),
-            "different": sum(got[k] != want[k] for k in got.keys() & want.keys())}
+    return {
+        "equal": False,
+        "rows": content.num_rows,
+        "missing": len(want.keys() - got.keys()),
+        "extra": len(got.keys() - want.keys()),
+        "duplicates": content.num_rows - len(got),
+        "different": sum(got[k] != want[k] for k in got.keys() & want.keys()),
+    }
 
 
 # ------------------------------------------------------------------ processes
+
 
 class PeakRss(threading.Thread):
     """Samples the summed RSS of a process and all its descendants; keeps the peak."""
@@ -203,14 +225,22 @@ def run_system(system: str, python: str, config: dict, workdir: Path) -> dict:
     load_before = os.getloadavg()[0]
     with open(log_path, "w") as log:
         # PYTHONPATH: the child, Spark's JVM and its Python workers import this checkout's engine.
-        child = subprocess.Popen([python, str(SYSTEMS_SCRIPT), system, str(config_path)], stdout=log,
-                                 stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        child = subprocess.Popen(
+            [python, str(SYSTEMS_SCRIPT), system, str(config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         sampler = PeakRss(child.pid)
         sampler.start()
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
-    memory = {"peak_rss_tree_bytes": sampler.stop(), "ru_maxrss_child_bytes": usage.ru_maxrss * 1024,
-              "load_average_1min_before_after": [load_before, os.getloadavg()[0]]}
+    memory = {
+        "peak_rss_tree_bytes": sampler.stop(),
+        "ru_maxrss_child_bytes": usage.ru_maxrss * 1024,
+        "load_average_1min_before_after": [load_before, os.getloadavg()[0]],
+    }
     result_path = Path(config["out"]) / f"{system}.json"
     if child.returncode != 0 or not result_path.exists():
         tail = log_path.read_text().splitlines()[-25:]
@@ -226,8 +256,10 @@ def paimon_python() -> tuple[str | None, str]:
     if python.exists() and _output(probe) == PAIMON_VERSION:
         return str(python), PAIMON_WHY_OWN_VENV
     uv = Path(sys.executable).with_name("uv")
-    steps = [[str(uv), "venv", "-q", "--allow-existing", "--python", sys.executable, str(PAIMON_VENV)],
-             [str(uv), "pip", "install", "-q", "--python", str(python), f"pypaimon=={PAIMON_VERSION}"]]
+    steps = [
+        [str(uv), "venv", "-q", "--allow-existing", "--python", sys.executable, str(PAIMON_VENV)],
+        [str(uv), "pip", "install", "-q", "--python", str(python), f"pypaimon=={PAIMON_VERSION}"],
+    ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode != 0:
@@ -244,12 +276,15 @@ def run_checked(system: str, python: str, config: dict, workdir: Path, oracle: p
     """One run of a system, with its content after the stream and after maintenance checked."""
     result = run_system(system, python, config, workdir)
     if "error" not in result:
-        result["checks"] = {when: compare_content(workdir / "out" / f"{system}-{when}.parquet", oracle)
-                            for when in ("after-stream", "after-maintenance")}
+        result["checks"] = {
+            when: compare_content(workdir / "out" / f"{system}-{when}.parquet", oracle)
+            for when in ("after-stream", "after-maintenance")
+        }
     return result
 
 
 # ------------------------------------------------------------------ numbers
+
 
 def representative(runs: list[dict]) -> dict:
     """The round with the median apply seconds (the first failure, if any round failed)."""
@@ -298,14 +333,26 @@ def add_ratios(summaries: dict[str, dict]) -> None:
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
-            "os": platform.platform(), "python": platform.python_version(),
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "ram_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 # ------------------------------------------------------------------ report
+
 
 def fmt(value, pattern: str = "{:,.0f}", missing: str = "n/a") -> str:
     return missing if value is None else pattern.format(value)
@@ -339,24 +386,36 @@ def render(results: dict) -> str:
             f"| {s['batch_p50_ms']:,.0f} / {s['batch_p99_ms']:,.0f} "
             f"| {s['visibility_p50_ms']:,.0f} / {s['visibility_p99_ms']:,.0f} "
             f"| {s['size_after_stream_mb']:,.1f} / {s['size_after_maintenance_mb']:,.1f} "
-            f"| {s['peak_rss_mb']:,.0f} | {'yes' if s['correct'] else 'NO'} |")
-    lines += ["", *phase_table(results), "", *ingest_profile(results), "Notes:", "",
-              *(f"- {system}: {note}" for system, note in results["notes"].items())]
+            f"| {s['peak_rss_mb']:,.0f} | {'yes' if s['correct'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        *phase_table(results),
+        "",
+        *ingest_profile(results),
+        "Notes:",
+        "",
+        *(f"- {system}: {note}" for system, note in results["notes"].items()),
+    ]
     return "\n".join(lines)
 
 
 def phase_table(results: dict) -> list[str]:
     """Seconds outside the stream: warm-up, base load, maintenance phases, full reads."""
-    lines = ["| system | write rows/s, every round | warm-up s | load base s | maintenance s (phases) "
-             "| full read after stream / maint. s |",
-             "| --- | --- | ---: | ---: | --- | ---: |"]
+    lines = [
+        "| system | write rows/s, every round | warm-up s | load base s | maintenance s (phases) "
+        "| full read after stream / maint. s |",
+        "| --- | --- | ---: | ---: | --- | ---: |",
+    ]
     for system, r in results["raw"].items():
         if "error" in r:
             continue
         phases = ", ".join(f"{k} {v:.2f}" for k, v in r["maintenance_seconds"].items()) or "none available"
         rates = ", ".join(f"{x:,.0f}" for x in results["summary"][system]["write_rows_per_s_rounds"])
-        lines.append(f"| {system} | {rates} | {r['warm_up_seconds']:.1f} | {r['load_base_seconds']:.1f} "
-                     f"| {phases} | {r['read_after_stream_seconds']:.2f} / {r['read_after_maintenance_seconds']:.2f} |")
+        lines.append(
+            f"| {system} | {rates} | {r['warm_up_seconds']:.1f} | {r['load_base_seconds']:.1f} "
+            f"| {phases} | {r['read_after_stream_seconds']:.2f} / {r['read_after_maintenance_seconds']:.2f} |"
+        )
     return lines
 
 
@@ -367,9 +426,14 @@ def ingest_profile(results: dict) -> list[str]:
         if not r.get("ingest_phases_seconds"):
             continue
         calls = len(r["batch_seconds"])
-        lines += [f"{system}: {calls} call(s) of ingest_landing_files, ms per call", "",
-                  "| step | ms per call |", "| --- | ---: |",
-                  *(f"| {k} | {v / calls * 1000:,.0f} |" for k, v in r["ingest_phases_seconds"].items()), ""]
+        lines += [
+            f"{system}: {calls} call(s) of ingest_landing_files, ms per call",
+            "",
+            "| step | ms per call |",
+            "| --- | ---: |",
+            *(f"| {k} | {v / calls * 1000:,.0f} |" for k, v in r["ingest_phases_seconds"].items()),
+            "",
+        ]
     return lines
 
 
@@ -381,11 +445,14 @@ def plot(results: dict, path: Path) -> None:
 
     ok = {k: v for k, v in results["summary"].items() if "error" not in v}
     names = list(ok)
-    panels = [("write rows/s", ["write_rows_per_s"]), ("merged rows/s (until in the base)", ["merged_rows_per_s"]),
-              ("batch latency ms (p50, p99)", ["batch_p50_ms", "batch_p99_ms"]),
-              ("visibility ms (p50, p99)", ["visibility_p50_ms", "visibility_p99_ms"]),
-              ("peak RSS MB", ["peak_rss_mb"]), ("MB on disk (after stream, after maint.)",
-                                                 ["size_after_stream_mb", "size_after_maintenance_mb"])]
+    panels = [
+        ("write rows/s", ["write_rows_per_s"]),
+        ("merged rows/s (until in the base)", ["merged_rows_per_s"]),
+        ("batch latency ms (p50, p99)", ["batch_p50_ms", "batch_p99_ms"]),
+        ("visibility ms (p50, p99)", ["visibility_p50_ms", "visibility_p99_ms"]),
+        ("peak RSS MB", ["peak_rss_mb"]),
+        ("MB on disk (after stream, after maint.)", ["size_after_stream_mb", "size_after_maintenance_mb"]),
+    ]
     figure, axes = plt.subplots(2, 3, figsize=(16, 8.5))
     for axis, (title, keys) in zip(axes.flat, panels, strict=False):
         width = 0.8 / len(keys)
@@ -394,24 +461,27 @@ def plot(results: dict, path: Path) -> None:
             axis.bar(np.arange(len(names)) + i * width, values, width, label=key.split("_")[-2])
         axis.set_title(title)
         axis.set_yscale("log")
-        axis.set_xticks(np.arange(len(names)) + width * (len(keys) - 1) / 2, names, rotation=30, ha="right",
-                        fontsize=8)
+        axis.set_xticks(np.arange(len(names)) + width * (len(keys) - 1) / 2, names, rotation=30, ha="right", fontsize=8)
         if len(keys) > 1:
             axis.legend(fontsize=7)
     c = results["config"]
-    figure.suptitle(f"{c['batches']} batches x {c['batch_size']:,} changes onto a "
-                    f"{results['workload']['base_rows']:,}-row base ({c['scale']}), {results['date']}")
+    figure.suptitle(
+        f"{c['batches']} batches x {c['batch_size']:,} changes onto a "
+        f"{results['workload']['base_rows']:,}-row base ({c['scale']}), {results['date']}"
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
 
 # ------------------------------------------------------------------ the run
 
+
 def notes(raw: dict, paimon_note: str) -> dict[str, str]:
     found = {}
     if "paimon" in raw:
-        found["paimon"] = paimon_note + ("; no compaction or snapshot expiry from Python, so readers merge "
-                                         "every level-0 file (merged rows/s: n/a)")
+        found["paimon"] = paimon_note + (
+            "; no compaction or snapshot expiry from Python, so readers merge every level-0 file (merged rows/s: n/a)"
+        )
     for system, r in raw.items():
         if "error" in r:
             found[system] = "FAILED: " + r["error"].splitlines()[-1][:300]
@@ -425,27 +495,44 @@ def main(argv: list[str] | None = None) -> int:
     (workdir / "out").mkdir(exist_ok=True)
     load = machine()
     workload, oracle = make_workload(workdir, args)
-    print(f"[compare] base {workload.base_rows:,} rows, stream {workload.stream_rows:,} changes "
-          f"in {len(workload.files)} files under {workdir}", flush=True)
+    print(
+        f"[compare] base {workload.base_rows:,} rows, stream {workload.stream_rows:,} changes "
+        f"in {len(workload.files)} files under {workdir}",
+        flush=True,
+    )
     probes = sorted({int(i) for i in np.linspace(0, args.batches - 1, min(args.probes, args.batches))})
-    config = {"workdir": str(workdir), "out": str(workdir / "out"), "base": workload.base_path,
-              "landing": str(workdir / "landing"), "files": workload.files, "shards": args.shards,
-              "probe_batches": probes}
+    config = {
+        "workdir": str(workdir),
+        "out": str(workdir / "out"),
+        "base": workload.base_path,
+        "landing": str(workdir / "landing"),
+        "files": workload.files,
+        "shards": args.shards,
+        "probe_batches": probes,
+    }
     paimon, paimon_note = paimon_python() if "paimon" in args.systems else (None, "not run")
     rounds: dict[str, list[dict]] = {system: [] for system in args.systems}
     for round_ in range(args.rounds):
-        for system in args.systems[round_ % len(args.systems):] + args.systems[:round_ % len(args.systems)]:
+        for system in args.systems[round_ % len(args.systems) :] + args.systems[: round_ % len(args.systems)]:
             python = paimon if system == "paimon" else sys.executable
-            rounds[system].append(run_checked(system, python, config, workdir, oracle) if python
-                                  else {"system": system, "error": paimon_note, "peak_rss_tree_bytes": 0})
+            rounds[system].append(
+                run_checked(system, python, config, workdir, oracle)
+                if python
+                else {"system": system, "error": paimon_note, "peak_rss_tree_bytes": 0}
+            )
     raw = {system: representative(runs) for system, runs in rounds.items()}
     summaries = {system: summarize(r, workload.stream_rows, rounds[system]) for system, r in raw.items()}
     add_ratios(summaries)
-    results = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": load,
-               "config": {k: v for k, v in vars(args).items() if k not in ("workdir", "systems")},
-               "workload": {k: v for k, v in asdict(workload).items() if k != "files"},
-               "summary": summaries, "notes": notes(raw, paimon_note), "raw": raw,
-               "other_rounds": {system: [r for r in runs if r is not raw[system]] for system, runs in rounds.items()}}
+    results = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": load,
+        "config": {k: v for k, v in vars(args).items() if k not in ("workdir", "systems")},
+        "workload": {k: v for k, v in asdict(workload).items() if k != "files"},
+        "summary": summaries,
+        "notes": notes(raw, paimon_note),
+        "raw": raw,
+        "other_rounds": {system: [r for r in runs if r is not raw[system]] for system, runs in rounds.items()},
+    }
     write_outputs(results, args.scale)
     if not args.keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -56,6 +56,7 @@ VISIBILITY_TIMEOUT_SECONDS = 120.0
 
 # ------------------------------------------------------------------ helpers
 
+
 def newest_per_key(batch: pa.Table) -> pa.Table:
     """One change per key, the highest ``_seq`` winning (as ``replay`` does); sorted by key."""
     ids, seqs = batch[KEY].to_numpy(), batch[SEQ].to_numpy()
@@ -96,6 +97,7 @@ def values_only(table: pa.Table) -> pa.Table:
 # ``lookup(key)`` (a separate reader's view of one key, or None),
 # ``maintain() -> {phase: seconds}``, ``content()`` (every live row).
 
+
 class LanceMergeInsert:
     """A plain Lance table (BTREE on ``id``, like the LSM base); per batch ONE
     ``merge_insert``: update/insert the upserts, and ``when_not_matched_by_source_delete``
@@ -133,8 +135,11 @@ class LanceMergeInsert:
     def maintain(self) -> dict[str, float]:
         import lance
 
-        return {"cleanup_old_versions": timed(
-            lambda: lance.dataset(self.uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1))}
+        return {
+            "cleanup_old_versions": timed(
+                lambda: lance.dataset(self.uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1)
+            )
+        }
 
     def content(self) -> pa.Table:
         import lance
@@ -159,11 +164,13 @@ class DeltaMerge:
     def apply(self, files: list[str]) -> None:
         for path in files:
             source = read_resolved(path).drop_columns([SEQ])
-            (self.table.merge(source, predicate="t.id = s.id", source_alias="s", target_alias="t")
-             .when_matched_delete(predicate=f"s.{OP} = '{DELETE}'")
-             .when_matched_update_all(except_cols=[OP])
-             .when_not_matched_insert_all(predicate=f"s.{OP} != '{DELETE}'", except_cols=[OP])
-             .execute())
+            (
+                self.table.merge(source, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                .when_matched_delete(predicate=f"s.{OP} = '{DELETE}'")
+                .when_matched_update_all(except_cols=[OP])
+                .when_not_matched_insert_all(predicate=f"s.{OP} != '{DELETE}'", except_cols=[OP])
+                .execute()
+            )
 
     def lookup(self, key: int) -> dict | None:
         from deltalake import DeltaTable
@@ -173,8 +180,11 @@ class DeltaMerge:
         return rows[0] if rows else None
 
     def maintain(self) -> dict[str, float]:
-        return {"vacuum": timed(lambda: self.table.vacuum(retention_hours=0, dry_run=False,
-                                                           enforce_retention_duration=False))}
+        return {
+            "vacuum": timed(
+                lambda: self.table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+            )
+        }
 
     def content(self) -> pa.Table:
         from deltalake import DeltaTable
@@ -200,12 +210,17 @@ class PaimonPrimaryKey:
     def load_base(self, base: pa.Table) -> None:
         from pypaimon import Schema
 
-        schema = pa.schema([pa.field(KEY, pa.int64(), nullable=False), *base.schema.remove(0),
-                            (self.ROWKIND, pa.string())])
+        schema = pa.schema(
+            [pa.field(KEY, pa.int64(), nullable=False), *base.schema.remove(0), (self.ROWKIND, pa.string())]
+        )
         self.catalog.create_database("bench", True)
-        self.catalog.create_table(self.name, Schema.from_pyarrow_schema(
-            schema, primary_keys=[KEY], options={"bucket": str(self.buckets), "rowkind.field": self.ROWKIND}),
-            False)
+        self.catalog.create_table(
+            self.name,
+            Schema.from_pyarrow_schema(
+                schema, primary_keys=[KEY], options={"bucket": str(self.buckets), "rowkind.field": self.ROWKIND}
+            ),
+            False,
+        )
         self._commit(base.append_column(self.ROWKIND, pa.array(["+I"] * base.num_rows)))
 
     def apply(self, files: list[str]) -> None:
@@ -277,8 +292,11 @@ class _LsmSystem:
             "flush (close writers)": timed(self.close_writers),
             "flush (other shards)": timed(table.flush),
             "merge into base": timed(table.compact),
-            "gc": timed(lambda: table.gc(orphan_grace_seconds=0, wal_grace_seconds=0, retain_versions=1,
-                                         older_than=timedelta(0))),
+            "gc": timed(
+                lambda: table.gc(
+                    orphan_grace_seconds=0, wal_grace_seconds=0, retain_versions=1, older_than=timedelta(0)
+                )
+            ),
         }
 
     def content(self) -> pa.Table:
@@ -323,8 +341,9 @@ class PlatformContinuous(_LsmSystem):
     def apply(self, files: list[str]) -> None:
         from resources.lsm.spark.ingest import ingest_landing_files
 
-        report = ingest_landing_files(self.spark, self.uri, self.landing, self.quarantine,
-                                      writers=self.writers, max_files=len(files))
+        report = ingest_landing_files(
+            self.spark, self.uri, self.landing, self.quarantine, writers=self.writers, max_files=len(files)
+        )
         assert list(report.files) == [Path(f).name for f in files], (report.files, files)
 
     def close_writers(self) -> None:
@@ -371,8 +390,9 @@ class ShardWriterCeiling(_LsmSystem):
             valid = validate_changes(pq.read_table(path), table.schema, table.primary_key).valid
             buckets = table.buckets(valid.select(table.primary_key))
             self.work[path] = {
-                table.shard_ids[b]: resolve_changes(valid.filter(pa.array(buckets == b)), table.schema,
-                                                    table.primary_key)
+                table.shard_ids[b]: resolve_changes(
+                    valid.filter(pa.array(buckets == b)), table.schema, table.primary_key
+                )
                 for b in np.unique(buckets)
             }
         self.writers = {s: table.dataset().mem_wal_writer(s, **DEFAULT_WRITER_CONFIG) for s in table.shard_ids}
@@ -410,9 +430,9 @@ ONE_CALL_FOR_ALL_FILES = {"platform-backlog"}
 # Driver-side steps of ``ingest_landing_files``, timed for the platform's profile.
 INGEST_PHASES = {
     "_write_here": "Spark stage job: read + validate + route + stage files, then the driver "
-                   "writes the staged files through the open writers",
+    "writes the staged files through the open writers",
     "_write_in_tasks": "Spark write job: read + validate + route + stage files, route staged files "
-                       "by shard, write tasks (put + close)",
+    "by shard, write tasks (put + close)",
 }
 
 
@@ -422,12 +442,14 @@ def profile_ingestion() -> dict[str, float]:
 
     phases: dict[str, float] = {}
     for name, label in INGEST_PHASES.items():
+
         def timed_step(*args, _step=getattr(spark_ingest, name), _label=label, **kwargs):  # noqa: B008 (binds this step)
             started = time.perf_counter()
             try:
                 return _step(*args, **kwargs)
             finally:
                 phases[_label] = phases.get(_label, 0.0) + time.perf_counter() - started
+
         setattr(spark_ingest, name, timed_step)
     return phases
 
@@ -509,11 +531,20 @@ def run(system: str, config: dict) -> dict:
     read_after_stream = save_content(instance, out / f"{system}-after-stream.parquet")
     maintenance = instance.maintain()
     return {
-        "system": system, "warm_up_seconds": warm_up_seconds, "load_base_seconds": load_seconds,
-        "batch_seconds": latencies, "visibility_seconds": lags, "maintenance_seconds": maintenance,
-        "ingest_phases_seconds": {**ingest_phases, "driver: list files, ledger, the rest":
-                                  sum(latencies) - sum(ingest_phases.values())} if ingest_phases else {},
-        "bytes_after_stream": bytes_after_stream, "bytes_after_maintenance": bytes_on_disk(root),
+        "system": system,
+        "warm_up_seconds": warm_up_seconds,
+        "load_base_seconds": load_seconds,
+        "batch_seconds": latencies,
+        "visibility_seconds": lags,
+        "maintenance_seconds": maintenance,
+        "ingest_phases_seconds": {
+            **ingest_phases,
+            "driver: list files, ledger, the rest": sum(latencies) - sum(ingest_phases.values()),
+        }
+        if ingest_phases
+        else {},
+        "bytes_after_stream": bytes_after_stream,
+        "bytes_after_maintenance": bytes_on_disk(root),
         "read_after_stream_seconds": read_after_stream,
         "read_after_maintenance_seconds": save_content(instance, out / f"{system}-after-maintenance.parquet"),
         "versions": library_versions(),

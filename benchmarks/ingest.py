@@ -66,11 +66,13 @@ TARGET_B_OVER_C, TARGET_B_OVER_A = 5.0, 0.3
 
 # ----------------------------------------------------------------- the data
 
+
 def make_stream(landing: Path, rows: int, batch_size: int) -> list[pa.Table]:
     """Write the change stream as Parquet landing files; return its batches."""
     num_batches = max(1, rows // batch_size)
-    spec = ChangeStreamSpec(num_keys=max(1, num_batches * batch_size * 3 // 10),
-                            num_batches=num_batches, batch_size=batch_size)
+    spec = ChangeStreamSpec(
+        num_keys=max(1, num_batches * batch_size * 3 // 10), num_batches=num_batches, batch_size=batch_size
+    )
     return write_landing_files(spec, str(landing), "parquet")
 
 
@@ -81,6 +83,7 @@ def matches(table: pa.Table, oracle: dict) -> bool:
 
 
 # ------------------------------------------------------------ (a) the ceiling
+
 
 @dataclass(frozen=True)
 class CeilingRun:
@@ -110,15 +113,17 @@ def route_and_resolve(table: LsmTable, batches: list[pa.Table], rows_per_put: in
     work: dict[str, list] = {}
     for b, parts in per_shard.items():
         rows = pa.concat_tables(parts)
-        rows = rows.set_column(rows.schema.get_field_index(SEQ_COLUMN), SEQ_COLUMN,
-                               pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        rows = rows.set_column(
+            rows.schema.get_field_index(SEQ_COLUMN), SEQ_COLUMN, pa.array(np.arange(rows.num_rows, dtype=np.int64))
+        )
         chunks = [rows.slice(i, rows_per_put) for i in range(0, rows.num_rows, rows_per_put)]
         work[table.shard_ids[b]] = [resolve_changes(c, table.schema, table.primary_key) for c in chunks]
     return work
 
 
-def run_ceiling(uri: Path, work: dict[str, list], input_rows: int, shards: int, flush_interval_ms: int,
-                rows_per_put: int) -> tuple[CeilingRun, LsmTable]:
+def run_ceiling(
+    uri: Path, work: dict[str, list], input_rows: int, shards: int, flush_interval_ms: int, rows_per_put: int
+) -> tuple[CeilingRun, LsmTable]:
     """Write pre-routed, pre-resolved chunks through one ``ShardWriter`` thread per shard."""
     shutil.rmtree(uri, ignore_errors=True)
     table = LsmTable.create(str(uri), EVENTS_SCHEMA, ["id"], num_shards=shards)
@@ -140,8 +145,14 @@ def run_ceiling(uri: Path, work: dict[str, list], input_rows: int, shards: int, 
 
     seconds = _timed(lambda: _in_threads(write_shard, list(work)))
     rows = sum(r.upserts.num_rows + r.deletes.num_rows for chunks in work.values() for r in chunks)
-    run = CeilingRun(flush_interval_ms, rows_per_put, seconds,
-                     *(max(p[i] for p in phases.values()) for i in range(3)), rows, input_rows / seconds)
+    run = CeilingRun(
+        flush_interval_ms,
+        rows_per_put,
+        seconds,
+        *(max(p[i] for p in phases.values()) for i in range(3)),
+        rows,
+        input_rows / seconds,
+    )
     return run, table
 
 
@@ -157,9 +168,12 @@ def tune_ceiling(workdir: Path, batches: list[pa.Table], shards: int, tries: int
     work = {size: route_and_resolve(router, batches, size) for size in sizes}
     rows = sum(b.num_rows for b in batches)
     runs = [
-        min((run_ceiling(workdir / "ceiling.lance", work[size], rows, shards, interval, size)[0]
-             for _ in range(tries)), key=lambda r: r.seconds)
-        for interval in (100, 10, 5, 2) for size in sizes
+        min(
+            (run_ceiling(workdir / "ceiling.lance", work[size], rows, shards, interval, size)[0] for _ in range(tries)),
+            key=lambda r: r.seconds,
+        )
+        for interval in (100, 10, 5, 2)
+        for size in sizes
     ]
     return runs, work
 
@@ -190,6 +204,7 @@ def _timed(work: Callable[[], object]) -> float:
 
 # ---------------------------------------------------------------- (b) ours
 
+
 @dataclass(frozen=True)
 class SparkRun:
     seconds: float
@@ -203,7 +218,7 @@ class SparkRun:
 # Driver-side steps of ingest_landing_files, wrapped with timers for the profile.
 _PHASES = {
     "_write_in_tasks": "write job: read + validate + route + stage files, route staged files by shard, "
-                       "write tasks (put + close)",
+    "write tasks (put + close)",
     "_quarantine": "quarantine job (files with bad rows staged again)",
 }
 
@@ -222,6 +237,7 @@ def run_spark(spark, uri: Path, landing: Path, quarantine: Path, shards: int) ->
                 return step(*args, **kwargs)
             finally:
                 phases[_PHASES[name]] = phases.get(_PHASES[name], 0.0) + time.perf_counter() - started
+
         return wrapper
 
     for name, step in originals.items():
@@ -234,8 +250,14 @@ def run_spark(spark, uri: Path, landing: Path, quarantine: Path, shards: int) ->
         for name, step in originals.items():
             setattr(spark_ingest, name, step)
     phases["driver: list files, ledger, the rest"] = report.elapsed_seconds - sum(phases.values())
-    run = SparkRun(report.elapsed_seconds, report.rows_read, report.rows_per_second, phases,
-                   sorted({s.write_seconds for s in report.shards}), window)
+    run = SparkRun(
+        report.elapsed_seconds,
+        report.rows_read,
+        report.rows_per_second,
+        phases,
+        sorted({s.write_seconds for s in report.shards}),
+        window,
+    )
     return run, table
 
 
@@ -246,8 +268,13 @@ def spark_session(event_dir: Path):
     from resources.spark import spark_conf
 
     event_dir.mkdir(parents=True, exist_ok=True)
-    conf = {**spark_conf("local[2]"), "spark.eventLog.enabled": "true", "spark.eventLog.dir": event_dir.as_uri(),
-            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+    conf = {
+        **spark_conf("local[2]"),
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": event_dir.as_uri(),
+        "spark.eventLog.compress": "false",
+        "spark.eventLog.rolling.enabled": "false",
+    }
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
@@ -257,6 +284,7 @@ def spark_session(event_dir: Path):
 
 
 # -------------------------------------------------------- (c) naive merge_insert
+
 
 @dataclass(frozen=True)
 class MergeInsertRun:
@@ -281,8 +309,15 @@ def run_merge_insert(spark, uri: Path, paths: list[str], total_batches: int) -> 
     rows = sum(pq.ParquetFile(path).metadata.num_rows for path in paths)
     # Means of the first and last few batches show how the cost grows with the table.
     edge = max(1, min(5, len(per_batch) // 4))
-    run = MergeInsertRun(len(paths), total_batches, rows, sum(per_batch), statistics.mean(per_batch[:edge]),
-                         statistics.mean(per_batch[-edge:]), rows / sum(per_batch))
+    run = MergeInsertRun(
+        len(paths),
+        total_batches,
+        rows,
+        sum(per_batch),
+        statistics.mean(per_batch[:edge]),
+        statistics.mean(per_batch[-edge:]),
+        rows / sum(per_batch),
+    )
     return run, lance.dataset(str(uri)).to_table()
 
 
@@ -291,8 +326,13 @@ def latest_change_per_key(spark, path: str) -> pa.Table:
     from pyspark.sql import Window, functions as F
 
     newest_first = Window.partitionBy("id").orderBy(F.col(SEQ_COLUMN).desc())
-    return spark.read.parquet(path).withColumn("__rank", F.row_number().over(newest_first)) \
-        .filter("__rank = 1").drop("__rank").toArrow()
+    return (
+        spark.read.parquet(path)
+        .withColumn("__rank", F.row_number().over(newest_first))
+        .filter("__rank = 1")
+        .drop("__rank")
+        .toArrow()
+    )
 
 
 def apply_changes(dataset: lance.LanceDataset, latest: pa.Table) -> None:
@@ -308,6 +348,7 @@ def apply_changes(dataset: lance.LanceDataset, latest: pa.Table) -> None:
 
 
 # --------------------------------------------------------------- the profile
+
 
 def stage_profile(event_dir: Path, run: SparkRun) -> list[dict]:
     """Spark stages of the jobs that ran inside ``run`` (from the event log), in order."""
@@ -330,15 +371,22 @@ def stage_profile(event_dir: Path, run: SparkRun) -> list[dict]:
     for job_id, (submitted, stage_ids) in sorted(jobs.items()):
         if not start <= submitted <= end:
             continue
-        ran = sorted((stages[i] for i in stage_ids if i in stages and "Submission Time" in stages[i]),
-                     key=lambda stage: stage["Submission Time"])
+        ran = sorted(
+            (stages[i] for i in stage_ids if i in stages and "Submission Time" in stages[i]),
+            key=lambda stage: stage["Submission Time"],
+        )
         parents = {p for stage in ran for p in stage["Parent IDs"]}
-        profile += [{
-            "job": job_id, "stage": stage["Stage ID"], "tasks": stage["Number of Tasks"],
-            "role": "shuffle map" if stage["Stage ID"] in parents else "result (collect)",
-            "wall_seconds": (stage["Completion Time"] - stage["Submission Time"]) / 1000,
-            **{k: round(v, 3) for k, v in tasks[stage["Stage ID"]].items()},
-        } for stage in ran]
+        profile += [
+            {
+                "job": job_id,
+                "stage": stage["Stage ID"],
+                "tasks": stage["Number of Tasks"],
+                "role": "shuffle map" if stage["Stage ID"] in parents else "result (collect)",
+                "wall_seconds": (stage["Completion Time"] - stage["Submission Time"]) / 1000,
+                **{k: round(v, 3) for k, v in tasks[stage["Stage ID"]].items()},
+            }
+            for stage in ran
+        ]
     return profile
 
 
@@ -346,20 +394,30 @@ def stage_profile(event_dir: Path, run: SparkRun) -> list[dict]:
 _WORKER_FRAMES = [
     # Write tasks run each shard in a thread of its own: match those threads' frames first.
     ("ShardWriter.close", [("", "write task: close writer (flush MemTable)")]),
-    ("_write_shard", [("ShardWriter.put", "write task: put (durable WAL)"),
-                      ("ShardWriter.delete", "write task: delete (durable WAL)"),
-                      ("resolve_ordered_changes", "write task: resolve newest-wins"),
-                      ("ShardRouter.buckets", "write task: check shard of every row"),
-                      ("_read_staged", "write task: read staged files"),
-                      ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
-                      ("", "write task: other")]),
+    (
+        "_write_shard",
+        [
+            ("ShardWriter.put", "write task: put (durable WAL)"),
+            ("ShardWriter.delete", "write task: delete (durable WAL)"),
+            ("resolve_ordered_changes", "write task: resolve newest-wins"),
+            ("ShardRouter.buckets", "write task: check shard of every row"),
+            ("_read_staged", "write task: read staged files"),
+            ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
+            ("", "write task: other"),
+        ],
+    ),
     ("_write_partition", [("LsmTable.open", "write task: open table"), ("", "write task: waiting for its shards")]),
-    ("_stage_files", [("read_landing_file", "stage task: read file"),
-                      ("validate_changes", "stage task: validate"),
-                      ("LsmTable.buckets", "stage task: bucket hash"),
-                      ("_rows_by_bucket", "stage task: sort by bucket and _seq"),
-                      ("_StagedFiles", "stage task: write staged files"),
-                      ("", "stage task: other")]),
+    (
+        "_stage_files",
+        [
+            ("read_landing_file", "stage task: read file"),
+            ("validate_changes", "stage task: validate"),
+            ("LsmTable.buckets", "stage task: bucket hash"),
+            ("_rows_by_bucket", "stage task: sort by bucket and _seq"),
+            ("_StagedFiles", "stage task: write staged files"),
+            ("", "stage task: other"),
+        ],
+    ),
     # A task's function is running but not in our code (idle workers wait elsewhere).
     ("invoke_udf.<locals>.process", [("", "worker: Arrow I/O with the JVM")]),
 ]
@@ -392,9 +450,24 @@ class PySpy:
     def __enter__(self) -> PySpy:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         self._process = subprocess.Popen(
-            [py_spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--idle", "--rate", str(self.RATE),
-             "--format", "raw", "--output", str(self.output), "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(os.getpid()),
+                "--subprocesses",
+                "--idle",
+                "--rate",
+                str(self.RATE),
+                "--format",
+                "raw",
+                "--output",
+                str(self.output),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)  # let it attach before the measured work starts
         return self
 
@@ -405,6 +478,7 @@ class PySpy:
 
 
 # ------------------------------------------------------------------- the run
+
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -450,45 +524,78 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(checks.values()) else 1
 
 
-def side_by_side(spark, workdir: Path, args: argparse.Namespace, work: dict[str, list], best: CeilingRun,
-                 rows: int, oracle: dict) -> tuple[list[SparkRun], list[CeilingRun], dict[str, bool]]:
+def side_by_side(
+    spark, workdir: Path, args: argparse.Namespace, work: dict[str, list], best: CeilingRun, rows: int, oracle: dict
+) -> tuple[list[SparkRun], list[CeilingRun], dict[str, bool]]:
     """Rounds of (b) then (a) with the best settings; round 0's (b) is the cold one."""
     checks: dict[str, bool] = {}
     spark_runs, ceiling_runs = [], []
     for round_ in range(args.repeat + 1):
-        run, table = run_spark(spark, workdir / "spark.lance", workdir / "landing", workdir / "quarantine",
-                               args.shards)
+        run, table = run_spark(spark, workdir / "spark.lance", workdir / "landing", workdir / "quarantine", args.shards)
         checks[f"(b) run {round_}"] = matches(LsmTable.open(table.uri).read(), oracle)
         spark_runs.append(run)
-        run, table = run_ceiling(workdir / "ceiling.lance", work, rows, args.shards, best.flush_interval_ms,
-                                 best.rows_per_put)
+        run, table = run_ceiling(
+            workdir / "ceiling.lance", work, rows, args.shards, best.flush_interval_ms, best.rows_per_put
+        )
         ceiling_runs.append(run)
         print(f"round {round_}: (b) {spark_runs[-1].seconds:.2f}s, (a) {run.seconds:.2f}s", flush=True)
     checks["(a)"] = matches(LsmTable.open(table.uri).read(), oracle)
     return spark_runs, ceiling_runs, checks
 
 
-def summarize(args: argparse.Namespace, rows: int, files: int, grid: list[CeilingRun], best: CeilingRun,
-              ceiling_runs: list[CeilingRun], spark_runs: list[SparkRun], startup: float,
-              merge: MergeInsertRun, checks: dict[str, bool]) -> dict:
+def summarize(
+    args: argparse.Namespace,
+    rows: int,
+    files: int,
+    grid: list[CeilingRun],
+    best: CeilingRun,
+    ceiling_runs: list[CeilingRun],
+    spark_runs: list[SparkRun],
+    startup: float,
+    merge: MergeInsertRun,
+    checks: dict[str, bool],
+) -> dict:
     """The numbers: medians of the warm rounds, ratios, targets."""
     a = statistics.median(r.seconds for r in ceiling_runs[1:] or ceiling_runs)
     b = statistics.median(r.seconds for r in spark_runs[1:] or spark_runs)
     a_rate, b_rate, c_rate = rows / a, rows / b, merge.rows_per_second
     return {
-        "config": {"rows": rows, "files": files, "batch_size": args.batch_size, "shards": args.shards,
-                   "spark_master": "local[2]", "cpus": os.cpu_count(), "repeat": args.repeat,
-                   "quick": args.quick},
-        "a_ceiling": {"seconds": a, "rows_per_second": a_rate, "best": asdict(best),
-                      "runs": [asdict(r) for r in ceiling_runs], "grid": [asdict(r) for r in grid]},
-        "b_spark_ingest": {"seconds": b, "rows_per_second": b_rate, "cold_seconds": spark_runs[0].seconds,
-                           "session_start_seconds": startup, "runs_seconds": [r.seconds for r in spark_runs]},
-        "c_naive_merge_insert": {**asdict(merge), "extrapolated": merge.batches < merge.total_batches,
-                                 "extrapolated_seconds_full_stream": rows / c_rate},
+        "config": {
+            "rows": rows,
+            "files": files,
+            "batch_size": args.batch_size,
+            "shards": args.shards,
+            "spark_master": "local[2]",
+            "cpus": os.cpu_count(),
+            "repeat": args.repeat,
+            "quick": args.quick,
+        },
+        "a_ceiling": {
+            "seconds": a,
+            "rows_per_second": a_rate,
+            "best": asdict(best),
+            "runs": [asdict(r) for r in ceiling_runs],
+            "grid": [asdict(r) for r in grid],
+        },
+        "b_spark_ingest": {
+            "seconds": b,
+            "rows_per_second": b_rate,
+            "cold_seconds": spark_runs[0].seconds,
+            "session_start_seconds": startup,
+            "runs_seconds": [r.seconds for r in spark_runs],
+        },
+        "c_naive_merge_insert": {
+            **asdict(merge),
+            "extrapolated": merge.batches < merge.total_batches,
+            "extrapolated_seconds_full_stream": rows / c_rate,
+        },
         "ratios": {"b_over_c": b_rate / c_rate, "b_over_a": b_rate / a_rate},
-        "targets": {"b_over_c": TARGET_B_OVER_C, "b_over_a": TARGET_B_OVER_A,
-                    "b_over_c_met": b_rate / c_rate >= TARGET_B_OVER_C,
-                    "b_over_a_met": b_rate / a_rate >= TARGET_B_OVER_A},
+        "targets": {
+            "b_over_c": TARGET_B_OVER_C,
+            "b_over_a": TARGET_B_OVER_A,
+            "b_over_c_met": b_rate / c_rate >= TARGET_B_OVER_C,
+            "b_over_a_met": b_rate / a_rate >= TARGET_B_OVER_A,
+        },
         "correct": checks,
     }
 
@@ -498,10 +605,13 @@ def render(results: dict) -> str:
     config, a, b, c = (results[k] for k in ("config", "a_ceiling", "b_spark_ingest", "c_naive_merge_insert"))
     ratios, targets, profile = results["ratios"], results["targets"], results["profile_b"]
     best, rows, warm = a["best"], config["rows"], max(1, config["repeat"])
-    c_note = (f"first {c['batches']} of {c['total_batches']} micro-batches, rows/s extrapolated to the stream "
-              f"(per batch {c['first_batch_seconds']:.2f}s at the start, {c['last_batch_seconds']:.2f}s at the "
-              f"end: it grows with the table, so the full stream would be slower)"
-              if c["extrapolated"] else f"all {c['batches']} micro-batches")
+    c_note = (
+        f"first {c['batches']} of {c['total_batches']} micro-batches, rows/s extrapolated to the stream "
+        f"(per batch {c['first_batch_seconds']:.2f}s at the start, {c['last_batch_seconds']:.2f}s at the "
+        f"end: it grows with the table, so the full stream would be slower)"
+        if c["extrapolated"]
+        else f"all {c['batches']} micro-batches"
+    )
     lines = [
         f"## Ingestion: {rows:,} change rows, {config['files']} Parquet files of {config['batch_size']:,} rows, "
         f"{config['shards']} shards, Spark {config['spark_master']} on {config['cpus']} CPUs",
@@ -525,7 +635,8 @@ def render(results: dict) -> str:
         f"{'yes' if targets['b_over_a_met'] else 'NO'} |",
         "",
         "Contents equal `replay` of the stream: "
-        + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in results["correct"].items()) + ".",
+        + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in results["correct"].items())
+        + ".",
         "",
         "### (a) tuning: WAL flush interval x rows per put (per shard, before newest-wins)",
         "",
@@ -534,9 +645,11 @@ def render(results: dict) -> str:
         "",
         "| flush ms | rows per put | seconds | open | puts | close | rows written | rows/s |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *(f"| {r['flush_interval_ms']} | {r['rows_per_put']:,} | {r['seconds']:.2f} | {r['open_seconds']:.2f} | "
-          f"{r['put_seconds']:.2f} | {r['close_seconds']:.2f} | {r['rows_written']:,} | {r['rows_per_second']:,.0f} |"
-          for r in a["grid"]),
+        *(
+            f"| {r['flush_interval_ms']} | {r['rows_per_put']:,} | {r['seconds']:.2f} | {r['open_seconds']:.2f} | "
+            f"{r['put_seconds']:.2f} | {r['close_seconds']:.2f} | {r['rows_written']:,} | {r['rows_per_second']:,.0f} |"
+            for r in a["grid"]
+        ),
         "",
         "### (b) where the time goes (last warm run)",
         "",
@@ -548,13 +661,19 @@ def render(results: dict) -> str:
         "",
         "| Spark job | stage | role | tasks | wall s | task s (sum) | JVM GC s | shuffle write MB |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
-        *(f"| {s['job']} | {s['stage']} | {s['role']} | {s['tasks']} | {s['wall_seconds']:.2f} | "
-          f"{s.get('task_seconds', 0):.2f} | {s.get('gc_seconds', 0):.2f} | {s.get('shuffle_write_mb', 0):.1f} |"
-          for s in profile["spark_stages"]),
+        *(
+            f"| {s['job']} | {s['stage']} | {s['role']} | {s['tasks']} | {s['wall_seconds']:.2f} | "
+            f"{s.get('task_seconds', 0):.2f} | {s.get('gc_seconds', 0):.2f} | {s.get('shuffle_write_mb', 0):.1f} |"
+            for s in profile["spark_stages"]
+        ),
     ]
     if profile["python_workers_seconds"]:
-        lines += ["", "| Python workers (py-spy, wall incl. waits, extra untimed run) | seconds |", "| --- | ---: |",
-                  *(f"| {k} | {v:.2f} |" for k, v in profile["python_workers_seconds"].items())]
+        lines += [
+            "",
+            "| Python workers (py-spy, wall incl. waits, extra untimed run) | seconds |",
+            "| --- | ---: |",
+            *(f"| {k} | {v:.2f} |" for k, v in profile["python_workers_seconds"].items()),
+        ]
     return "\n".join(lines)
 
 

@@ -49,12 +49,14 @@ STATUSES = np.array(["new", "paid", "shipped", "returned"])
 
 
 def rows_for(ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
-    return pa.table({
-        "id": pa.array(ids, pa.int64()),
-        "customer": pa.array(np.char.add("c", (ids % 997).astype(str))),
-        "amount": pa.array(np.round(rng.random(len(ids)) * 1000, 2)),
-        "status": pa.array(STATUSES[rng.integers(0, len(STATUSES), len(ids))]),
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "customer": pa.array(np.char.add("c", (ids % 997).astype(str))),
+            "amount": pa.array(np.round(rng.random(len(ids)) * 1000, 2)),
+            "status": pa.array(STATUSES[rng.integers(0, len(STATUSES), len(ids))]),
+        }
+    )
 
 
 def changes(rng: np.random.Generator, num_keys: int, n: int, delete_fraction: float) -> pa.Table:
@@ -88,8 +90,9 @@ def median_seconds(work: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def paired_median_seconds(first: Callable[[], object], second: Callable[[], object],
-                          repeat: int) -> tuple[float, float]:
+def paired_median_seconds(
+    first: Callable[[], object], second: Callable[[], object], repeat: int
+) -> tuple[float, float]:
     """Medians of ``first`` and ``second`` run alternately, so both see the same machine load."""
     pairs = [(median_seconds(first, 1), median_seconds(second, 1)) for _ in range(repeat)]
     return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
@@ -114,8 +117,9 @@ def bench_merge(workdir: Path, args, delete_fraction: float) -> dict:
     template = str(workdir / f"merge-{delete_fraction}.lance")
     table = make_base(template, args.rows, args.shards, rng)
     per_generation = args.change_rows // args.merge_generations
-    write_generations(table, [changes(rng, args.rows, per_generation, delete_fraction)
-                              for _ in range(args.merge_generations)])
+    write_generations(
+        table, [changes(rng, args.rows, per_generation, delete_fraction) for _ in range(args.merge_generations)]
+    )
     upserts, deletes, generation_rows = resolved_changes(table)
 
     def fresh_copy() -> str:
@@ -124,8 +128,14 @@ def bench_merge(workdir: Path, args, delete_fraction: float) -> dict:
         return str(shutil.copytree(template, target))
 
     def plain(uri: str, use_index: bool) -> None:
-        (lance.dataset(uri).merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-         .use_index(use_index).execute(upserts))
+        (
+            lance.dataset(uri)
+            .merge_insert("id")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .use_index(use_index)
+            .execute(upserts)
+        )
         if deletes.num_rows:  # a plain merge_insert cannot also delete: a second commit
             lance.dataset(uri).merge_insert("id").when_matched_delete().execute(deletes)
 
@@ -143,7 +153,9 @@ def bench_merge(workdir: Path, args, delete_fraction: float) -> dict:
             times[name].append(time.perf_counter() - started)
     seconds = {name: statistics.median(values) for name, values in times.items()}
     return {
-        "generation_rows": generation_rows, "upserts": upserts.num_rows, "deletes": deletes.num_rows,
+        "generation_rows": generation_rows,
+        "upserts": upserts.num_rows,
+        "deletes": deletes.num_rows,
         **{f"{name}_seconds": value for name, value in seconds.items()},
         **{f"{name}_rows_per_second": generation_rows / value for name, value in seconds.items()},
         "ratio": seconds["plain"] / seconds["compact"],
@@ -171,8 +183,7 @@ def bench_reads(workdir: Path, args) -> dict:
     results = {}
     written = 0
     for generations in (0, 4, 16):
-        write_generations(table, [changes(rng, args.rows, args.gen_rows, 0.05)
-                                  for _ in range(generations - written)])
+        write_generations(table, [changes(rng, args.rows, args.gen_rows, 0.05) for _ in range(generations - written)])
         written = generations
         base_scan, scan = paired_median_seconds(base.to_table, table.read, args.scan_repeat)
         results[generations] = {
@@ -189,24 +200,56 @@ def bench_reads(workdir: Path, args) -> dict:
 def print_report(report: dict) -> None:
     rows = []
     for name, merge in (("upserts only", report["merge_upserts"]), ("5% deletes", report["merge_deletes"])):
-        rows.append((f"merge, {name} (change rows/s)", f"{merge['compact_rows_per_second']:,.0f}",
-                     f"{merge['plain_rows_per_second']:,.0f}", f"{merge['ratio']:.2f}x", ">= 0.80x"))
-        rows.append(("  vs plain with use_index=False", "",
-                     f"{merge['plain_hash_join_rows_per_second']:,.0f}", f"{merge['ratio_hash_join']:.2f}x", ""))
+        rows.append(
+            (
+                f"merge, {name} (change rows/s)",
+                f"{merge['compact_rows_per_second']:,.0f}",
+                f"{merge['plain_rows_per_second']:,.0f}",
+                f"{merge['ratio']:.2f}x",
+                ">= 0.80x",
+            )
+        )
+        rows.append(
+            (
+                "  vs plain with use_index=False",
+                "",
+                f"{merge['plain_hash_join_rows_per_second']:,.0f}",
+                f"{merge['ratio_hash_join']:.2f}x",
+                "",
+            )
+        )
     for kind, unit, digits in (("scan", "full scan", 1), ("lookup", "point lookup", 2)):
         for generations, r in report["reads"].items():
             ours, base = r[f"{kind}_seconds"], r[f"base_{kind}_seconds"]
             target = "<= 1.50x" if (kind, generations) == ("scan", 4) else ""
-            rows.append((f"{unit}, {generations} pending gens (ms)", f"{ours * 1e3:.{digits}f}",
-                         f"{base * 1e3:.{digits}f}", f"{ours / base:.2f}x", target))
+            rows.append(
+                (
+                    f"{unit}, {generations} pending gens (ms)",
+                    f"{ours * 1e3:.{digits}f}",
+                    f"{base * 1e3:.{digits}f}",
+                    f"{ours / base:.2f}x",
+                    target,
+                )
+            )
             if kind == "scan" and generations:
                 first = r["first_scan_seconds"]
-                rows.append(("  first scan by a new reader (ms)", f"{first * 1e3:.1f}", f"{base * 1e3:.1f}",
-                             f"{first / base:.2f}x", ""))
+                rows.append(
+                    (
+                        "  first scan by a new reader (ms)",
+                        f"{first * 1e3:.1f}",
+                        f"{base * 1e3:.1f}",
+                        f"{first / base:.2f}x",
+                        "",
+                    )
+                )
     header = ("measurement", "ours", "plain/base", "ratio", "target")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
 
 
 def main() -> None:

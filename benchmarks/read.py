@@ -59,8 +59,12 @@ def writer_child(uri: str) -> None:
 
 def bench_freshness(root: Path, samples: int, num_shards: int) -> dict:
     table = LsmTable.create(str(root / "fresh.lance"), EVENTS_SCHEMA, ["id"], num_shards=num_shards)
-    child = subprocess.Popen([sys.executable, __file__, "--writer-child", table.uri], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--writer-child", table.uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     lags = []
     try:
         for key in range(samples):
@@ -74,8 +78,12 @@ def bench_freshness(root: Path, samples: int, num_shards: int) -> dict:
         child.kill()
         child.wait()
     lags_ms = np.array(lags) * 1000
-    return {"samples": samples, "p50_ms": float(np.percentile(lags_ms, 50)),
-            "p99_ms": float(np.percentile(lags_ms, 99)), "max_ms": float(lags_ms.max())}
+    return {
+        "samples": samples,
+        "p50_ms": float(np.percentile(lags_ms, 50)),
+        "p99_ms": float(np.percentile(lags_ms, 99)),
+        "max_ms": float(lags_ms.max()),
+    }
 
 
 def cold_lookup_seconds(uri: str, key: int) -> float:
@@ -124,8 +132,10 @@ def bench_spark(root: Path, num_keys: int, num_shards: int, repeat: int) -> dict
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register_spark_source(spark)
-    readers = {"lance_lsm": lambda: spark.read.format("lance_lsm").load(table.uri),
-               "parquet": lambda: spark.read.parquet(str(parquet))}
+    readers = {
+        "lance_lsm": lambda: spark.read.format("lance_lsm").load(table.uri),
+        "parquet": lambda: spark.read.parquet(str(parquet)),
+    }
     results = {}
     for name, frame in readers.items():
         frame().write.format("noop").mode("overwrite").save()  # warm up workers and caches
@@ -149,8 +159,10 @@ def markdown(results: dict) -> str:
     for count, r in gens.items():
         target = "<= 10" if int(count) == 8 else ""
         lines.append(f"| {count} generations: full scan (ms) | {r['scan_ms']:.1f} | |")
-        lines.append(f"| {count} generations: lookup p50 / p99 (ms) | {r['lookup_p50_ms']:.1f} / "
-                     f"{r['lookup_p99_ms']:.1f} | {target} (p50) |")
+        lines.append(
+            f"| {count} generations: lookup p50 / p99 (ms) | {r['lookup_p50_ms']:.1f} / "
+            f"{r['lookup_p99_ms']:.1f} | {target} (p50) |"
+        )
         lines.append(f"| {count} generations: cold lookup (ms) | {r['lookup_cold_ms']:.1f} | |")
     lines += [
         f"| Spark lance_lsm (rows/s) | {spark['lance_lsm']['rows_per_s']:,.0f} | |",
@@ -181,7 +193,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lsm-read-bench-") as tmp:
         root = Path(tmp)
         results = {
-            "num_keys": num_keys, "num_shards": args.shards, "repeat": repeat,
+            "num_keys": num_keys,
+            "num_shards": args.shards,
+            "repeat": repeat,
             "freshness": bench_freshness(root, samples, args.shards),
             "generations": bench_generations(root, num_keys, args.shards, repeat, lookups),
             "spark": bench_spark(root, num_keys, args.shards, repeat),

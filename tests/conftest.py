@@ -15,17 +15,18 @@ def make_table(tmp_path):
     """Create LSM tables under the test's temporary directory; closes them afterwards."""
     created: list[LsmTable] = []
 
-    def make(schema: pa.Schema = ITEMS_SCHEMA, primary_key=("id",), num_shards: int = 4,
-             name: str = "table", **writer_config) -> LsmTable:
-        table = LsmTable.create(str(tmp_path / f"{name}.lance"), schema, list(primary_key),
-                                num_shards=num_shards, **writer_config)
+    def make(
+        schema: pa.Schema = ITEMS_SCHEMA, primary_key=("id",), num_shards: int = 4, name: str = "table", **writer_config
+    ) -> LsmTable:
+        table = LsmTable.create(
+            str(tmp_path / f"{name}.lance"), schema, list(primary_key), num_shards=num_shards, **writer_config
+        )
         created.append(table)
         return table
 
     yield make
     for table in created:
         table.close()
-
 
 
 @pytest.fixture(scope="session")

@@ -30,8 +30,16 @@ def keys_in_bucket(table: LsmTable, bucket: int, count: int, start: int = 0) -> 
 
 def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
     """Upsert ``keys`` (events schema) and close the writers: one new generation per touched shard."""
-    table.write(pa.table({"id": pa.array(keys, pa.int64()), "customer": [label] * len(keys),
-                          "amount": [float(k) for k in keys], "status": ["new"] * len(keys)}))
+    table.write(
+        pa.table(
+            {
+                "id": pa.array(keys, pa.int64()),
+                "customer": [label] * len(keys),
+                "amount": [float(k) for k in keys],
+                "status": ["new"] * len(keys),
+            }
+        )
+    )
     table.close()
 
 
@@ -66,5 +74,9 @@ def resolved_job(job, resources: dict):
 
     from definitions import defs
 
-    return Definitions(assets=list(defs.assets or ()), asset_checks=list(defs.asset_checks or ()), jobs=[job],
-                       resources={**(defs.resources or {}), **resources}).resolve_job_def(job.name)
+    return Definitions(
+        assets=list(defs.assets or ()),
+        asset_checks=list(defs.asset_checks or ()),
+        jobs=[job],
+        resources={**(defs.resources or {}), **resources},
+    ).resolve_job_def(job.name)

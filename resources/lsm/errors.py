@@ -24,9 +24,7 @@ class InvalidChangesError(ValueError):
         self.rejections = rejections
         shown = "; ".join(str(r) for r in rejections[:5])
         more = f" (and {len(rejections) - 5} more)" if len(rejections) > 5 else ""
-        super().__init__(
-            f"{len(rejections)} of {total_rows} rows are invalid, nothing was written: {shown}{more}"
-        )
+        super().__init__(f"{len(rejections)} of {total_rows} rows are invalid, nothing was written: {shown}{more}")
 
 
 @dataclass(frozen=True)

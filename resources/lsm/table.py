@@ -39,11 +39,20 @@ from .write.changes import resolve_changes, resolve_ordered_changes, to_arrow, v
 _CONFIG_PRIMARY_KEY = "lsm.primary_key"
 _CONFIG_SHARD_IDS = "lsm.shard_ids"
 
-WRITER_CONFIG_KEYS = frozenset({
-    "durable_write", "max_wal_buffer_size", "max_wal_flush_interval_ms", "max_memtable_size",
-    "max_memtable_rows", "max_memtable_batches", "max_unflushed_memtable_bytes",
-    "manifest_scan_batch_size", "backpressure_log_interval_ms", "stats_log_interval_ms",
-})
+WRITER_CONFIG_KEYS = frozenset(
+    {
+        "durable_write",
+        "max_wal_buffer_size",
+        "max_wal_flush_interval_ms",
+        "max_memtable_size",
+        "max_memtable_rows",
+        "max_memtable_batches",
+        "max_unflushed_memtable_bytes",
+        "manifest_scan_batch_size",
+        "backpressure_log_interval_ms",
+        "stats_log_interval_ms",
+    }
+)
 
 LANCE_MAX_MEMTABLE_ROWS = 100_000  # Lance's default for ``max_memtable_rows``
 
@@ -99,8 +108,7 @@ class LsmTable:
     MemTable into a new generation.
     """
 
-    def __init__(self, uri: str, dataset: lance.LanceDataset, *,
-                 storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, uri: str, dataset: lance.LanceDataset, *, storage_options: dict[str, str] | None = None) -> None:
         config = dataset.config()
         details = dataset.mem_wal_index_details()
         if details is None or _CONFIG_SHARD_IDS not in config:
@@ -116,19 +124,28 @@ class LsmTable:
         # takes half the time of one through a cold one.
         self._session = lance.Session()
         self._pending_cache = merged_read.PendingGenerations()
-        self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema,
-                                   tuple(self.shard_ids))
+        self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
         self._generation_filters = GenerationFilters(
-            uri, self.storage, [self.schema.field(k) for k in self.primary_key], storage_options)
+            uri, self.storage, [self.schema.field(k) for k in self.primary_key], storage_options
+        )
 
     # ------------------------------------------------------------------ set-up
 
     @classmethod
-    def create(cls, uri: str, schema: pa.Schema, primary_key: list[str], num_shards: int = 4, *,
-               bucket_column: str | None = None, storage_options: dict[str, str] | None = None,
-               vector_index: vector_search.VectorIndex | None = None, fts_column: str | None = None,
-               **writer_config: Any) -> LsmTable:
+    def create(
+        cls,
+        uri: str,
+        schema: pa.Schema,
+        primary_key: list[str],
+        num_shards: int = 4,
+        *,
+        bucket_column: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        vector_index: vector_search.VectorIndex | None = None,
+        fts_column: str | None = None,
+        **writer_config: Any,
+    ) -> LsmTable:
         """Create an empty LSM table.
 
         Declares ``primary_key`` in the schema, creates the base table (plus a
@@ -167,13 +184,16 @@ class LsmTable:
         if len(primary_key) == 1:
             dataset.create_scalar_index(primary_key[0], "BTREE")
         search_config = vector_search.create_search_indexes(dataset, vector_index, fts_column)
-        dataset.initialize_mem_wal(bucket_column=bucket_column, num_buckets=num_shards,
-                                   **{**DEFAULT_WRITER_CONFIG, **writer_config})
-        dataset.update_config({
-            _CONFIG_PRIMARY_KEY: json.dumps(primary_key),
-            _CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
-            **search_config,
-        })
+        dataset.initialize_mem_wal(
+            bucket_column=bucket_column, num_buckets=num_shards, **{**DEFAULT_WRITER_CONFIG, **writer_config}
+        )
+        dataset.update_config(
+            {
+                _CONFIG_PRIMARY_KEY: json.dumps(primary_key),
+                _CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
+                **search_config,
+            }
+        )
         return cls.open(uri, storage_options=storage_options)
 
     @classmethod
@@ -258,9 +278,14 @@ class LsmTable:
         upserts = self._router.split(resolved.upserts)
         deletes = self._router.split(resolved.deletes)
         shard_ids = sorted(set(upserts) | set(deletes))
-        return WriteResult(tuple(self._for_each_shard(
-            lambda shard_id: self._put_resolved(shard_id, upserts.get(shard_id), deletes.get(shard_id)),
-            shard_ids)))
+        return WriteResult(
+            tuple(
+                self._for_each_shard(
+                    lambda shard_id: self._put_resolved(shard_id, upserts.get(shard_id), deletes.get(shard_id)),
+                    shard_ids,
+                )
+            )
+        )
 
     def write_shard_ordered(self, shard_id: str, changes: pa.Table) -> ShardWriteCount:
         """Write one shard's validated changes, given in newest-wins order; return once durable.
@@ -354,7 +379,9 @@ class LsmTable:
                 return True
 
         # In parallel: a close is mostly waiting on storage.
-        return [shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced]
+        return [
+            shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced
+        ]
 
     def __enter__(self) -> LsmTable:
         return self
@@ -364,9 +391,13 @@ class LsmTable:
 
     # ------------------------------------------------------------- maintenance
 
-    def compact(self, shard: str | Sequence[str] | None = None, *,
-                max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
-                maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
+    def compact(
+        self,
+        shard: str | Sequence[str] | None = None,
+        *,
+        max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
+        maintenance: MaintenancePolicy | None = MaintenancePolicy(),
+    ) -> CompactionResult:
         """Merge flushed generations into the base table (one shard, several, or all for ``None``).
 
         Per shard, the generations the manifest lists above the compacted
@@ -377,12 +408,18 @@ class LsmTable:
         twice. Afterwards the base's files and indexes are tidied per
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
-        return compaction.compact(self, self._shard_list(shard),
-                                  max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
+        return compaction.compact(
+            self, self._shard_list(shard), max_rows_per_pass=max_rows_per_pass, maintenance=maintenance
+        )
 
-    def gc(self, *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
-           wal_grace_seconds: float = DEFAULT_GRACE_SECONDS, retain_versions: int | None = None,
-           older_than: timedelta | None = DEFAULT_VERSION_RETENTION) -> GcResult:
+    def gc(
+        self,
+        *,
+        orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        wal_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        retain_versions: int | None = None,
+        older_than: timedelta | None = DEFAULT_VERSION_RETENTION,
+    ) -> GcResult:
         """Remove what is compacted, consumed or orphaned; return counts and bytes per kind.
 
         Old base versions go per ``older_than`` / ``retain_versions``
@@ -391,14 +428,17 @@ class LsmTable:
         orphan generation directories once older than their grace periods.
         The merged view never changes. See :mod:`resources.lsm.maintenance.gc`.
         """
-        return collect_garbage(self, orphan_grace_seconds=orphan_grace_seconds,
-                               wal_grace_seconds=wal_grace_seconds,
-                               retain_versions=retain_versions, older_than=older_than)
+        return collect_garbage(
+            self,
+            orphan_grace_seconds=orphan_grace_seconds,
+            wal_grace_seconds=wal_grace_seconds,
+            retain_versions=retain_versions,
+            older_than=older_than,
+        )
 
     # ------------------------------------------------------------------- reads
 
-    def read(self, columns: list[str] | None = None, filter: str | None = None,
-             fresh: bool = True) -> pa.Table:
+    def read(self, columns: list[str] | None = None, filter: str | None = None, fresh: bool = True) -> pa.Table:
         """The merged view: newest version of every live key.
 
         Parameters
@@ -414,11 +454,17 @@ class LsmTable:
         # The base version is pinned first (see snapshot); its scan starts
         # while the pending levels above it are being pinned.
         dataset = self.dataset()
-        return merged_read.scan(dataset, self.primary_key, lambda: self.snapshot(fresh, dataset=dataset),
-                                columns or self.schema.names, filter)
+        return merged_read.scan(
+            dataset,
+            self.primary_key,
+            lambda: self.snapshot(fresh, dataset=dataset),
+            columns or self.schema.names,
+            filter,
+        )
 
-    def search(self, vector, k: int, filter: str | None = None, columns: list[str] | None = None,
-               fresh: bool = True) -> pa.Table:
+    def search(
+        self, vector, k: int, filter: str | None = None, columns: list[str] | None = None, fresh: bool = True
+    ) -> pa.Table:
         """The ``k`` nearest live rows to ``vector`` across all LSM levels, nearest first.
 
         Each key appears at most once, with its newest version; ``columns``
@@ -439,8 +485,7 @@ class LsmTable:
         key_table = self._key_table(keys)
         buckets = self._router.buckets(key_table)
         snapshot = self.snapshot(fresh, {self.shard_ids[b] for b in np.unique(buckets)})
-        return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names,
-                                  self._generation_filters)
+        return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names, self._generation_filters)
 
     def count(self, fresh: bool = True) -> int:
         """Number of live keys in the merged view."""
@@ -450,8 +495,9 @@ class LsmTable:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""
         return self.shard_states()
 
-    def shard_states(self, dataset: lance.LanceDataset | None = None,
-                     shard_ids: Iterable[str] | None = None) -> list[ShardState]:
+    def shard_states(
+        self, dataset: lance.LanceDataset | None = None, shard_ids: Iterable[str] | None = None
+    ) -> list[ShardState]:
         """The state of ``shard_ids`` (default: all) above a pinned base version, in bucket order.
 
         ``dataset`` is the base version whose compacted markers apply (default:
@@ -480,8 +526,9 @@ class LsmTable:
 
     # ----------------------------------------------------------------- helpers
 
-    def snapshot(self, fresh: bool, shard_ids: set[str] | None = None, *,
-                  dataset: lance.LanceDataset | None = None) -> merged_read.ReadSnapshot:
+    def snapshot(
+        self, fresh: bool, shard_ids: set[str] | None = None, *, dataset: lance.LanceDataset | None = None
+    ) -> merged_read.ReadSnapshot:
         """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given).
 
         The base version, the pending generations above its markers and (with
@@ -492,11 +539,19 @@ class LsmTable:
         states = self.shard_states(dataset, shard_ids)
         tails = [
             read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
-            for s in states if fresh and s.unflushed_wal_entries
+            for s in states
+            if fresh and s.unflushed_wal_entries
         ]
         tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
-        return merged_read.ReadSnapshot(dataset, tuple(states), tail, tuple(self.primary_key),
-                                        self.storage_options, self._session, self._pending_cache)
+        return merged_read.ReadSnapshot(
+            dataset,
+            tuple(states),
+            tail,
+            tuple(self.primary_key),
+            self.storage_options,
+            self._session,
+            self._pending_cache,
+        )
 
     def _shard_list(self, shard: str | Sequence[str] | None) -> list[str]:
         """``shard`` as a list of shard ids (every shard for ``None``)."""
@@ -509,7 +564,9 @@ class LsmTable:
         if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
             return to_arrow(keys).select(self.primary_key).cast(key_schema)
         rows = [
-            k if isinstance(k, dict) else dict(zip(self.primary_key, k if isinstance(k, (tuple, list)) else (k,), strict=False))
+            k
+            if isinstance(k, dict)
+            else dict(zip(self.primary_key, k if isinstance(k, (tuple, list)) else (k,), strict=False))
             for k in keys
         ]
         return pa.Table.from_pylist(rows, schema=key_schema)
@@ -527,8 +584,9 @@ class LsmTable:
                 writer.put(chunk)
             for chunk in _slices(deletes, self.max_rows_per_put):
                 writer.delete(chunk)
-        return ShardWriteCount(shard_id, upserts.num_rows if upserts is not None else 0,
-                               deletes.num_rows if deletes is not None else 0)
+        return ShardWriteCount(
+            shard_id, upserts.num_rows if upserts is not None else 0, deletes.num_rows if deletes is not None else 0
+        )
 
     def _writer(self, shard_id: str) -> ShardWriter:
         if shard_id not in self._writers:
@@ -551,8 +609,11 @@ class LsmTable:
 
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
-        return {key: value == "true" if key == "durable_write" else int(value)
-                for key, value in self.writer_config.items() if key in WRITER_CONFIG_KEYS}
+        return {
+            key: value == "true" if key == "durable_write" else int(value)
+            for key, value in self.writer_config.items()
+            if key in WRITER_CONFIG_KEYS
+        }
 
     @contextmanager
     def _fencing_as_error(self, shard_id: str) -> Iterator[None]:

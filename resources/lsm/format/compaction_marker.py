@@ -92,7 +92,7 @@ def _read_manifest_file(storage: TableStorage, version: int) -> bytes:
 
 
 def _mem_wal_index_details(data: bytes) -> protowire.Message | None:
-    manifest_pos, _, _, magic = _FOOTER.unpack(data[-_FOOTER.size:])
+    manifest_pos, _, _, magic = _FOOTER.unpack(data[-_FOOTER.size :])
     if magic != _MAGIC:
         raise protowire.ProtobufDecodeError("not a Lance manifest (bad magic)")
     manifest = protowire.decode(_length_prefixed(data, manifest_pos))

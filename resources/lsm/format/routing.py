@@ -53,7 +53,4 @@ class ShardRouter:
         if table.num_rows == 0:
             return {}
         buckets = self.buckets(table)
-        return {
-            self.shard_ids[int(b)]: table.filter(pa.array(buckets == b))
-            for b in np.unique(buckets)
-        }
+        return {self.shard_ids[int(b)]: table.filter(pa.array(buckets == b)) for b in np.unique(buckets)}

@@ -51,8 +51,7 @@ def with_primary_key(schema: pa.Schema, primary_key: list[str]) -> pa.Schema:
         raise ValueError(f"column names {reserved} are reserved for change streams")
     for name in primary_key:
         key_type = schema.field(name).type
-        if not (pa.types.is_integer(key_type) or pa.types.is_string(key_type)
-                or pa.types.is_large_string(key_type)):
+        if not (pa.types.is_integer(key_type) or pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
             raise ValueError(f"primary-key column {name!r} has type {key_type}; use an integer or string")
 
     fields = []

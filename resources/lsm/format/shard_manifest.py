@@ -103,11 +103,17 @@ def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest |
 
 def decode_shard_manifest(data: bytes) -> ShardManifest:
     message = protowire.decode(data)
-    sstables = tuple(sorted(
-        (SsTable(g.int(_SSTABLE_GENERATION), g.string(_SSTABLE_PATH) or "", g.optional_int(_SSTABLE_PHYSICAL_ROWS))
-         for g in message.messages(_SSTABLES)),
-        key=lambda t: t.generation,
-    ))
+    sstables = tuple(
+        sorted(
+            (
+                SsTable(
+                    g.int(_SSTABLE_GENERATION), g.string(_SSTABLE_PATH) or "", g.optional_int(_SSTABLE_PHYSICAL_ROWS)
+                )
+                for g in message.messages(_SSTABLES)
+            ),
+            key=lambda t: t.generation,
+        )
+    )
     return ShardManifest(
         version=message.int(_MANIFEST_VERSION),
         writer_epoch=message.int(_WRITER_EPOCH),

@@ -70,14 +70,16 @@ class ShardState:
         return tuple(g for g in self.flushed_generations if g[0] > self.compacted_generation)
 
 
-def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
-                     compacted_generation: int) -> ShardState:
+def load_shard_state(storage: TableStorage, shard_id: str, bucket: int, compacted_generation: int) -> ShardState:
     """Read one shard's state; a shard that never had a writer reads as empty."""
     manifest = read_shard_manifest(storage, shard_id)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
-    unflushed = [e for e in list_wal_entries(storage, shard_id)
-                 if e.position > replay_after and not _is_fence_sentinel(storage, shard_id, e)]
+    unflushed = [
+        e
+        for e in list_wal_entries(storage, shard_id)
+        if e.position > replay_after and not _is_fence_sentinel(storage, shard_id, e)
+    ]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
     present = list_generation_dirs(storage, shard_id)
@@ -99,14 +101,16 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int,
         oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending else None,
         orphan_directories=orphans,
         pending_rows=sum(s.physical_rows or 0 for s in manifest.sstables if s.generation > compacted_generation)
-        if manifest else 0,
+        if manifest
+        else 0,
     )
 
 
 def _flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
     """When a generation was committed: the mtime of its dataset manifest."""
-    mtimes = [f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions")
-              if f.mtime_ns is not None]
+    mtimes = [
+        f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions") if f.mtime_ns is not None
+    ]
     return min(mtimes, default=None)
 
 

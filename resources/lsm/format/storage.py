@@ -40,10 +40,7 @@ class TableStorage:
     def list_dir(self, relative: str) -> list[FileEntry]:
         """Direct children of a directory (empty if it does not exist)."""
         selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
-        return [
-            FileEntry(info.base_name, info.size or 0, info.mtime_ns)
-            for info in self.fs.get_file_info(selector)
-        ]
+        return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in self.fs.get_file_info(selector)]
 
     def move(self, relative: str, to: str) -> None:
         """Move a file (a rename where the store has one), creating ``to``'s directory."""

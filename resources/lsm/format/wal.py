@@ -31,7 +31,8 @@ def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) ->
         reader = ipc.open_stream(storage.read_bytes(path))
         table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptWalEntryError(f"WAL entry {storage.path(path)} (position {entry.position}) "
-                                   f"is unreadable: {exc}") from exc
+        raise CorruptWalEntryError(
+            f"WAL entry {storage.path(path)} (position {entry.position}) is unreadable: {exc}"
+        ) from exc
     metadata = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
     return metadata, table

@@ -60,13 +60,14 @@ def list_landing_files(landing_dir: str) -> list[LandingFile]:
     if not os.path.isdir(landing_dir):
         return []
     names = sorted(
-        n for n in os.listdir(landing_dir)
-        if n[:1] not in "._" and os.path.splitext(n)[1].lower() in FORMATS
+        n
+        for n in os.listdir(landing_dir)
+        if n[:1] not in "._"
+        and os.path.splitext(n)[1].lower() in FORMATS
         and os.path.isfile(os.path.join(landing_dir, n))
     )
     return [
-        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)),
-                    os.path.getsize(os.path.join(landing_dir, n)))
+        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)), os.path.getsize(os.path.join(landing_dir, n)))
         for i, n in enumerate(names)
     ]
 
@@ -100,8 +101,12 @@ def _read_csv(path: str) -> pa.Table:
     with open(path, newline="", encoding="utf-8") as f:
         header = next(csv.reader(f), [])
     as_strings = {name: pa.string() for name in header}
-    return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-        column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False))
+    return pacsv.read_csv(
+        path,
+        convert_options=pacsv.ConvertOptions(
+            column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False
+        ),
+    )
 
 
 def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
@@ -135,8 +140,10 @@ def _json_column(values: list) -> pa.Array:
     try:
         return pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array([None if v is None else json.dumps(v) if isinstance(v, (dict, list)) else str(v)
-                         for v in values], pa.string())
+        return pa.array(
+            [None if v is None else json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in values],
+            pa.string(),
+        )
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,7 @@ class IngestLedger:
 
     def record(self, entry: LedgerEntry) -> None:
         """Record a file as ingested (write-then-rename, so a reader never sees half)."""
-        self._storage.write_bytes_atomic(f"{LEDGER_DIR}/{entry.name}.json",
-                                         json.dumps(asdict(entry)).encode())
+        self._storage.write_bytes_atomic(f"{LEDGER_DIR}/{entry.name}.json", json.dumps(asdict(entry)).encode())
 
     def entries(self) -> list[LedgerEntry]:
         return [

@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from ..table import LsmTable
 
 
-def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy,
-                         log: Callable[[str], None] = print) -> float:
+def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy, log: Callable[[str], None] = print) -> float:
     """Return once every shard is below ``policy.stop_generations``; seconds waited.
 
     Raises
@@ -30,15 +29,22 @@ def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy,
     """
     started = time.monotonic()
     while True:
-        behind = {s.bucket: len(s.pending_generations) for s in table.shards()
-                  if len(s.pending_generations) >= policy.stop_generations}
+        behind = {
+            s.bucket: len(s.pending_generations)
+            for s in table.shards()
+            if len(s.pending_generations) >= policy.stop_generations
+        }
         if not behind:
             return time.monotonic() - started
-        message = (f"backpressure: shards {sorted(behind)} have {behind} generations awaiting merge "
-                   f"(stop threshold {policy.stop_generations})")
+        message = (
+            f"backpressure: shards {sorted(behind)} have {behind} generations awaiting merge "
+            f"(stop threshold {policy.stop_generations})"
+        )
         waited = time.monotonic() - started
         if policy.mode == "fail" or waited >= policy.max_wait_seconds:
-            raise BackpressureError(f"{message}; run merge_job or let the merge sensor catch up"
-                                    + (f" (waited {waited:.0f}s)" if waited else ""))
+            raise BackpressureError(
+                f"{message}; run merge_job or let the merge sensor catch up"
+                + (f" (waited {waited:.0f}s)" if waited else "")
+            )
         log(f"{message}; waiting for merges ({waited:.0f}s so far)")
         time.sleep(policy.poll_seconds)

@@ -218,9 +218,13 @@ class _ShardTally:
         self.base_version = version
 
 
-def compact(table: LsmTable, shard_ids: Sequence[str], *,
-            max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
-            maintenance: MaintenancePolicy | None = MaintenancePolicy()) -> CompactionResult:
+def compact(
+    table: LsmTable,
+    shard_ids: Sequence[str],
+    *,
+    max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
+    maintenance: MaintenancePolicy | None = MaintenancePolicy(),
+) -> CompactionResult:
     """Merge every generation pending at the start into the base, all shards per commit.
 
     Guarantees: the merged view (``table.read()``) is the same before, during
@@ -278,12 +282,18 @@ def _count_conflict(exc: OSError, tallies: list[_ShardTally]) -> None:
 
 def _shard_result(shard_id: str, tally: _ShardTally, after: ShardState, started: float) -> ShardCompaction:
     return ShardCompaction(
-        shard_id=shard_id, generations_merged=tuple(tally.generations), passes=tally.passes,
-        rows_upserted=tally.rows_upserted, deletes_applied=tally.deletes_applied, conflicts=tally.conflicts,
-        base_version=tally.base_version, compacted_generation=after.compacted_generation,
+        shard_id=shard_id,
+        generations_merged=tuple(tally.generations),
+        passes=tally.passes,
+        rows_upserted=tally.rows_upserted,
+        deletes_applied=tally.deletes_applied,
+        conflicts=tally.conflicts,
+        base_version=tally.base_version,
+        compacted_generation=after.compacted_generation,
         pending_generations=len(after.pending_generations),
         oldest_pending_age_seconds=(time.time_ns() - after.oldest_pending_mtime_ns) / 1e9
-        if after.oldest_pending_mtime_ns is not None else None,
+        if after.oldest_pending_mtime_ns is not None
+        else None,
         elapsed_seconds=time.monotonic() - started,
     )
 
@@ -293,8 +303,7 @@ def _shard_states(table: LsmTable, shard_ids: Sequence[str]) -> dict[str, ShardS
     return {s.shard_id: s for s in table.shard_states(shard_ids=shard_ids)}
 
 
-def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]],
-                 max_rows: int) -> list[_ShardPass]:
+def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int) -> list[_ShardPass]:
     """One commit's worth of generations: shard after shard, each from its marker up.
 
     At most ``max_rows`` generation rows unless the first generation alone is
@@ -327,7 +336,8 @@ def _resolve(shard_id: str, generations: tuple[int, ...], rows: pa.Table, primar
     changes = keep_last_per_key(rows, primary_key)
     dead = changes[TOMBSTONE_COLUMN]
     return _ShardPass(
-        shard_id=shard_id, generations=generations,
+        shard_id=shard_id,
+        generations=generations,
         upserts=changes.filter(pc.invert(dead)).drop_columns([TOMBSTONE_COLUMN]),
         deletes=changes.filter(dead).select(primary_key),
     )
@@ -364,8 +374,9 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
     if len(names) == 1:
         values = keys.column(0).to_pylist()
         return f"`{names[0]}` IN ({', '.join(_sql_literal(v) for v in values)})"
-    string_columns = {n for n in names if pa.types.is_string(schema.field(n).type)
-                      or pa.types.is_large_string(schema.field(n).type)}
+    string_columns = {
+        n for n in names if pa.types.is_string(schema.field(n).type) or pa.types.is_large_string(schema.field(n).type)
+    }
     parts = []
     for name in names:
         if name in string_columns:
@@ -409,7 +420,8 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         files_compacted=files is not None,
         fragments_removed=files.fragments_removed if files else 0,
         fragments_added=files.fragments_added if files else 0,
-        indices_optimized=optimize, skipped_by_conflict=False,
+        indices_optimized=optimize,
+        skipped_by_conflict=False,
         base_version=lance.dataset(dataset.uri).version,
     )
 

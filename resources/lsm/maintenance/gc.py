@@ -110,13 +110,19 @@ class GcResult:
 
     @property
     def bytes_reclaimed(self) -> int:
-        return sum(r.bytes for r in (self.compacted_generations, self.wal_entries,
-                                     self.orphan_directories, self.base_versions))
+        return sum(
+            r.bytes for r in (self.compacted_generations, self.wal_entries, self.orphan_directories, self.base_versions)
+        )
 
 
-def collect_garbage(table: LsmTable, *, orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                    wal_grace_seconds: float = DEFAULT_GRACE_SECONDS, retain_versions: int | None = None,
-                    older_than: timedelta | None = DEFAULT_VERSION_RETENTION) -> GcResult:
+def collect_garbage(
+    table: LsmTable,
+    *,
+    orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    wal_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    retain_versions: int | None = None,
+    older_than: timedelta | None = DEFAULT_VERSION_RETENTION,
+) -> GcResult:
     """Delete what is compacted, consumed or orphaned (rules in the module docstring).
 
     Never changes the merged view, for readers in flight or to come (within
@@ -142,16 +148,19 @@ def collect_garbage(table: LsmTable, *, orphan_grace_seconds: float = DEFAULT_GR
     return GcResult(generations, wal, orphans, versions, time.monotonic() - started)
 
 
-def _cleanup_base_versions(dataset: lance.LanceDataset, older_than: timedelta | None,
-                           retain_versions: int | None) -> Reclaimed:
+def _cleanup_base_versions(
+    dataset: lance.LanceDataset, older_than: timedelta | None, retain_versions: int | None
+) -> Reclaimed:
     # Tagged versions are kept (and keep their generations alive via rule 1).
-    stats = dataset.cleanup_old_versions(older_than=older_than, retain_versions=retain_versions,
-                                         error_if_tagged_old_versions=False)
+    stats = dataset.cleanup_old_versions(
+        older_than=older_than, retain_versions=retain_versions, error_if_tagged_old_versions=False
+    )
     return Reclaimed(stats.old_versions, stats.bytes_removed)
 
 
-def _collectable_generations(storage: TableStorage, dataset: lance.LanceDataset,
-                             shard_ids: list[str]) -> dict[str, int]:
+def _collectable_generations(
+    storage: TableStorage, dataset: lance.LanceDataset, shard_ids: list[str]
+) -> dict[str, int]:
     """Per shard, the highest generation that rules 1 and 2 allow deleting."""
     markers = [m for m in (_markers_if_retained(storage, v["version"]) for v in dataset.versions()) if m is not None]
     bounds = {s: min(m.get(s, 0) for m in markers) for s in shard_ids}
@@ -195,8 +204,9 @@ def _index_catchup(storage: TableStorage, version: int) -> dict[str, dict[str, i
     return caught_up
 
 
-def _delete_compacted_generations(storage: TableStorage, shard_id: str, listed: GenerationDirs,
-                                  present: GenerationDirs, bound: int) -> Reclaimed:
+def _delete_compacted_generations(
+    storage: TableStorage, shard_id: str, listed: GenerationDirs, present: GenerationDirs, bound: int
+) -> Reclaimed:
     """Delete the directories the manifest lists for generations <= ``bound``.
 
     The manifest keeps listing them afterwards (the writer owns it); readers
@@ -230,8 +240,9 @@ def _settled_replay_position(storage: TableStorage, shard_id: str, settled_befor
     return decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{name}")).replay_after_wal_position
 
 
-def _delete_orphans(storage: TableStorage, shard_id: str, listed: GenerationDirs,
-                    present: GenerationDirs, written_before_ns: int) -> Reclaimed:
+def _delete_orphans(
+    storage: TableStorage, shard_id: str, listed: GenerationDirs, present: GenerationDirs, written_before_ns: int
+) -> Reclaimed:
     """Delete unlisted generation directories last written before the cut-off."""
     listed_dirs = {d for _, d in listed}
     unlisted = [f"{shard_dir(shard_id)}/{d}" for _, d in present if d not in listed_dirs]
@@ -265,8 +276,7 @@ def _files_under(storage: TableStorage, relative: str) -> list[pafs.FileInfo]:
     return [f for f in storage.fs.get_file_info(selector) if f.type == pafs.FileType.File]
 
 
-def delete_dir(storage: TableStorage, relative: str,
-                files: list[pafs.FileInfo] | None = None) -> Reclaimed:
+def delete_dir(storage: TableStorage, relative: str, files: list[pafs.FileInfo] | None = None) -> Reclaimed:
     files = _files_under(storage, relative) if files is None else files
     storage.fs.delete_dir(storage.path(relative))
     return Reclaimed(1, sum(f.size or 0 for f in files))

@@ -59,7 +59,8 @@ class FlushTrigger:
             return None
         return Decision(
             f"{state.unflushed_wal_entries} WAL entries ({state.unflushed_wal_bytes} bytes, {age:.0f}s old)",
-            f"flush-{state.shard_id}-epoch{state.writer_epoch}-after{state.replay_after_wal_position}")
+            f"flush-{state.shard_id}-epoch{state.writer_epoch}-after{state.replay_after_wal_position}",
+        )
 
 
 @dataclass(frozen=True)
@@ -91,11 +92,12 @@ class MergeTrigger:
         if not pending:
             return None
         age = now - state.oldest_pending_mtime_ns / 1e9 if state.oldest_pending_mtime_ns else 0.0
-        if (len(pending) < self.generations and state.pending_rows < self.pending_rows
-                and age < self.max_age_seconds):
+        if len(pending) < self.generations and state.pending_rows < self.pending_rows and age < self.max_age_seconds:
             return None
-        return Decision(f"{len(pending)} generations, {state.pending_rows} rows awaiting merge (oldest {age:.0f}s)",
-                        f"merge-{state.shard_id}-upto{pending[-1][0]}")
+        return Decision(
+            f"{len(pending)} generations, {state.pending_rows} rows awaiting merge (oldest {age:.0f}s)",
+            f"merge-{state.shard_id}-upto{pending[-1][0]}",
+        )
 
 
 class BackpressureError(RuntimeError):

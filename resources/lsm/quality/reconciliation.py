@@ -76,8 +76,9 @@ def reconcile_write_flush_merge(table: LsmTable, changes: pa.Table) -> list[Step
     return steps
 
 
-def probe_reconciliation(table: LsmTable, rows: int = 500, delete_ratio: float = 0.3,
-                         seed: int = 0) -> list[StepReconciliation]:
+def probe_reconciliation(
+    table: LsmTable, rows: int = 500, delete_ratio: float = 0.3, seed: int = 0
+) -> list[StepReconciliation]:
     """Reconcile a generated batch of ``rows`` changes (half on existing keys) on ``table``.
 
     Mutates ``table``: run it on a scratch copy.

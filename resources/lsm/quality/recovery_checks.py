@@ -148,29 +148,36 @@ class _Collector:
         self.findings.append(Finding(self.shard_id, check, Severity.WARNING, message))
 
 
-def _verify_shard(storage: TableStorage, shard_id: str, bucket: int, compacted: int,
-                  expected: _Expected) -> ShardRecovery:
+def _verify_shard(
+    storage: TableStorage, shard_id: str, bucket: int, compacted: int, expected: _Expected
+) -> ShardRecovery:
     found = _Collector(shard_id)
     history = _manifest_history(storage, shard_id, found)
     latest = read_shard_manifest(storage, shard_id)
     if history and (latest is None or latest.version != history[-1].version):
-        found.error("manifest", f"readers find manifest version {latest.version if latest else 0} "
-                                f"but version {history[-1].version} exists")
+        found.error(
+            "manifest",
+            f"readers find manifest version {latest.version if latest else 0} but version {history[-1].version} exists",
+        )
     verified = _verify_generations(storage, shard_id, latest, compacted, expected.columns, found) if latest else 0
     wal_entries, wal_rows = _verify_wal(storage, shard_id, latest, expected, found)
     listed = {path for _, path in (latest.flushed_generations if latest else ())}
     orphans = tuple(d for _, d in list_generation_dirs(storage, shard_id) if d not in listed)
     for directory in orphans:
         found.warning("orphans", f"generation directory {directory} is not in the manifest (never read)")
-    return ShardRecovery(shard_id, bucket, len(history), compacted, verified, wal_entries, wal_rows,
-                         orphans, tuple(found.findings))
+    return ShardRecovery(
+        shard_id, bucket, len(history), compacted, verified, wal_entries, wal_rows, orphans, tuple(found.findings)
+    )
 
 
 def _manifest_history(storage: TableStorage, shard_id: str, found: _Collector) -> list[ShardManifest]:
     """Every manifest version on storage, ascending, with continuity findings."""
     manifest_dir = f"{shard_dir(shard_id)}/manifest"
-    names = {parse_position(f.name[: -len(".binpb")]): f.name
-             for f in storage.list_dir(manifest_dir) if f.name.endswith(".binpb")}
+    names = {
+        parse_position(f.name[: -len(".binpb")]): f.name
+        for f in storage.list_dir(manifest_dir)
+        if f.name.endswith(".binpb")
+    }
     versions = sorted(names)
     missing = sorted(set(range(versions[0], versions[-1] + 1)) - set(versions)) if versions else []
     if missing:
@@ -184,22 +191,37 @@ def _manifest_history(storage: TableStorage, shard_id: str, found: _Collector) -
     for older, newer in itertools.pairwise(history):
         for name in ("writer_epoch", "replay_after_wal_position", "current_generation"):
             if getattr(newer, name) < getattr(older, name):
-                found.error("manifest", f"{name} goes back from {getattr(older, name)} (version {older.version}) "
-                                        f"to {getattr(newer, name)} (version {newer.version})")
+                found.error(
+                    "manifest",
+                    f"{name} goes back from {getattr(older, name)} (version {older.version}) "
+                    f"to {getattr(newer, name)} (version {newer.version})",
+                )
     return history
 
 
-def _verify_generations(storage: TableStorage, shard_id: str, manifest: ShardManifest, compacted: int,
-                        expected: list[tuple[str, pa.DataType]], found: _Collector) -> int:
+def _verify_generations(
+    storage: TableStorage,
+    shard_id: str,
+    manifest: ShardManifest,
+    compacted: int,
+    expected: list[tuple[str, pa.DataType]],
+    found: _Collector,
+) -> int:
     """Check the listed generations; return how many above the marker verified cleanly."""
     generations = [t.generation for t in manifest.sstables]
     if len(set(generations)) != len(generations) or (generations and generations[-1] >= manifest.current_generation):
-        found.error("generations", f"listed generations {generations} do not strictly increase below the "
-                                   f"current generation {manifest.current_generation}")
+        found.error(
+            "generations",
+            f"listed generations {generations} do not strictly increase below the "
+            f"current generation {manifest.current_generation}",
+        )
     unlisted = sorted(set(range(compacted + 1, manifest.current_generation)) - set(generations))
     if unlisted:
-        found.error("generations", f"generations {unlisted} above the compacted marker {compacted} are "
-                                   "missing from the manifest (replay would skip them)")
+        found.error(
+            "generations",
+            f"generations {unlisted} above the compacted marker {compacted} are "
+            "missing from the manifest (replay would skip them)",
+        )
     verified = 0
     for sstable in manifest.sstables:
         if sstable.generation <= compacted:
@@ -212,8 +234,9 @@ def _verify_generations(storage: TableStorage, shard_id: str, manifest: ShardMan
     return verified
 
 
-def _generation_problem(storage: TableStorage, shard_id: str, path: str, physical_rows: int | None,
-                        expected: list[tuple[str, pa.DataType]]) -> str | None:
+def _generation_problem(
+    storage: TableStorage, shard_id: str, path: str, physical_rows: int | None, expected: list[tuple[str, pa.DataType]]
+) -> str | None:
     """Why one listed generation cannot be used as recorded, or ``None``."""
     try:
         dataset = lance.dataset(storage.path(f"{shard_dir(shard_id)}/{path}"))
@@ -232,14 +255,18 @@ def _described(columns: list[tuple[str, pa.DataType]]) -> str:
     return "(" + ", ".join(f"{name} {data_type}" for name, data_type in columns) + ")"
 
 
-def _verify_wal(storage: TableStorage, shard_id: str, manifest: ShardManifest | None,
-                expected: _Expected, found: _Collector) -> tuple[int, int]:
+def _verify_wal(
+    storage: TableStorage, shard_id: str, manifest: ShardManifest | None, expected: _Expected, found: _Collector
+) -> tuple[int, int]:
     """Check the entries replay would read; return (entries verified, rows replay would apply)."""
     replay_after = manifest.replay_after_wal_position if manifest else 0
     epoch = manifest.writer_epoch if manifest else 0
     entries = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
-    gaps = [e.position for prev, e in zip([None, *entries], entries, strict=False)
-            if e.position != (prev.position if prev else replay_after) + 1]
+    gaps = [
+        e.position
+        for prev, e in zip([None, *entries], entries, strict=False)
+        if e.position != (prev.position if prev else replay_after) + 1
+    ]
     if gaps:
         found.error("wal", f"WAL entries {gaps} follow a missing position (replay starts after {replay_after})")
     verified = rows = fence_epoch = 0
@@ -258,8 +285,11 @@ def _verify_wal(storage: TableStorage, shard_id: str, manifest: ShardManifest | 
             continue
         columns = [(f.name, f.type) for f in batch.schema]
         if batch.num_rows and columns != expected.columns:
-            found.error("wal", f"WAL entry {entry.position} has columns {_described(columns)}, "
-                               f"expected {_described(expected.columns)}")
+            found.error(
+                "wal",
+                f"WAL entry {entry.position} has columns {_described(columns)}, "
+                f"expected {_described(expected.columns)}",
+            )
         null_keys = sum(batch[k].null_count for k in expected.primary_key if k in batch.column_names)
         if null_keys:
             found.error("wal", f"WAL entry {entry.position} holds {null_keys} null primary-key values")

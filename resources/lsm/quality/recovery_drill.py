@@ -99,27 +99,47 @@ def run_drill(table: LsmTable, scratch_dir: str, config: DrillConfig = DrillConf
     os.makedirs(scratch_dir, exist_ok=True)
     copy = scratch_copy(table, os.path.join(scratch_dir, "table.lance"))
     before = _state(copy, copy.read())
-    existing = pa.table({k: pa.array([key[i] for key in before], copy.schema.field(k).type)
-                         for i, k in enumerate(copy.primary_key)})
+    existing = pa.table(
+        {k: pa.array([key[i] for key in before], copy.schema.field(k).type) for i, k in enumerate(copy.primary_key)}
+    )
     pool = key_pool(copy, existing, config.new_keys, rng, config.existing_keys)
-    batches = [synthetic_changes(copy, pool.take(rng.choice(pool.num_rows, config.batch_size, replace=False)),
-                                 config.delete_ratio, rng, f"batch{i}") for i in range(config.batches)]
+    batches = [
+        synthetic_changes(
+            copy,
+            pool.take(rng.choice(pool.num_rows, config.batch_size, replace=False)),
+            config.delete_ratio,
+            rng,
+            f"batch{i}",
+        )
+        for i in range(config.batches)
+    ]
     _write_batches(batches, os.path.join(scratch_dir, "batches.arrow"))
     kill_after = int(rng.integers(2 * config.batches_per_generation, config.batches))
-    killed, elapsed = _run_and_kill(copy.uri, scratch_dir, config, kill_after,
-                                    float(rng.uniform(0, config.max_kill_jitter_seconds)))
+    killed, elapsed = _run_and_kill(
+        copy.uri, scratch_dir, config, kill_after, float(rng.uniform(0, config.max_kill_jitter_seconds))
+    )
     acknowledged = _acknowledged(os.path.join(scratch_dir, "acks.log"))
 
     recovered = LsmTable.open(copy.uri)
     findings = verify_shards(recovered)
     recovered.flush()
     merged = recovered.compact()
-    return _verdict(recovered, config, before, batches, acknowledged, killed, elapsed, findings,
-                    min(len(s.generations_merged) for s in merged.shards))
+    return _verdict(
+        recovered,
+        config,
+        before,
+        batches,
+        acknowledged,
+        killed,
+        elapsed,
+        findings,
+        min(len(s.generations_merged) for s in merged.shards),
+    )
 
 
-def _run_and_kill(uri: str, scratch_dir: str, config: DrillConfig, kill_after: int,
-                  jitter: float) -> tuple[bool, float]:
+def _run_and_kill(
+    uri: str, scratch_dir: str, config: DrillConfig, kill_after: int, jitter: float
+) -> tuple[bool, float]:
     """Start the writer child; SIGKILL it ``jitter`` seconds after ``kill_after`` acks.
 
     Returns whether it was killed (it may finish first) and when, in seconds after start.
@@ -128,14 +148,26 @@ def _run_and_kill(uri: str, scratch_dir: str, config: DrillConfig, kill_after: i
     started = time.monotonic()
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the child
         child = subprocess.Popen(
-            [sys.executable, "-m", "resources.lsm.quality.recovery_drill", uri, os.path.join(scratch_dir, "batches.arrow"),
-             ack_path, str(config.batches_per_generation)],
-            cwd=_PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=log)
+            [
+                sys.executable,
+                "-m",
+                "resources.lsm.quality.recovery_drill",
+                uri,
+                os.path.join(scratch_dir, "batches.arrow"),
+                ack_path,
+                str(config.batches_per_generation),
+            ],
+            cwd=_PROJECT_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
     try:
         while len(_acknowledged(ack_path)) < kill_after and child.poll() is None:
             if time.monotonic() - started > config.timeout_seconds:
-                raise TimeoutError(f"drill writer acknowledged only {len(_acknowledged(ack_path))} batches "
-                                   f"in {config.timeout_seconds}s")
+                raise TimeoutError(
+                    f"drill writer acknowledged only {len(_acknowledged(ack_path))} batches "
+                    f"in {config.timeout_seconds}s"
+                )
             time.sleep(0.002)
         time.sleep(jitter)
         killed = child.poll() is None
@@ -150,15 +182,26 @@ def _run_and_kill(uri: str, scratch_dir: str, config: DrillConfig, kill_after: i
     return killed, time.monotonic() - started
 
 
-def _verdict(table: LsmTable, config: DrillConfig, before: State, batches: list[pa.Table],
-             acknowledged: list[int], killed: bool, elapsed: float, findings: list[ShardRecovery],
-             generations_merged: int) -> DrillReport:
-    violations = [f"acknowledgement log {acknowledged[:10]}... is not the prefix 0..{len(acknowledged) - 1}"
-                  ] if acknowledged != list(range(len(acknowledged))) else []
+def _verdict(
+    table: LsmTable,
+    config: DrillConfig,
+    before: State,
+    batches: list[pa.Table],
+    acknowledged: list[int],
+    killed: bool,
+    elapsed: float,
+    findings: list[ShardRecovery],
+    generations_merged: int,
+) -> DrillReport:
+    violations = (
+        [f"acknowledgement log {acknowledged[:10]}... is not the prefix 0..{len(acknowledged) - 1}"]
+        if acknowledged != list(range(len(acknowledged)))
+        else []
+    )
     done = len(acknowledged)
     without = _apply(table, before, batches[:done])
     in_flight = done if done < len(batches) else None
-    with_in_flight = _apply(table, without, batches[done:done + 1])
+    with_in_flight = _apply(table, without, batches[done : done + 1])
     view = table.read()
     after = _state(table, view, violations)
     applied = 0
@@ -176,19 +219,30 @@ def _verdict(table: LsmTable, config: DrillConfig, before: State, batches: list[
     batches_in_wal = done % config.batches_per_generation if killed else 0
     rows_replayed = sum(f.wal_rows for f in findings)
     if rows_replayed < batches_in_wal * config.batch_size:
-        violations.append(f"{batches_in_wal} acknowledged batches were only in the WAL, "
-                          f"but recovery found {rows_replayed} rows to replay")
+        violations.append(
+            f"{batches_in_wal} acknowledged batches were only in the WAL, "
+            f"but recovery found {rows_replayed} rows to replay"
+        )
     if generations_merged < 3:
         violations.append(f"only {generations_merged} generations per shard were merged; the drill needs 3")
     return DrillReport(
-        seed=config.seed, killed=killed, killed_after_seconds=round(elapsed, 3),
-        batches_acknowledged=done, batches_total=len(batches), in_flight_batch=in_flight,
-        in_flight_keys_applied=applied, batches_only_in_wal=batches_in_wal, rows_replayed=rows_replayed,
-        generations_merged=generations_merged, keys_verified=len(keys),
+        seed=config.seed,
+        killed=killed,
+        killed_after_seconds=round(elapsed, 3),
+        batches_acknowledged=done,
+        batches_total=len(batches),
+        in_flight_batch=in_flight,
+        in_flight_keys_applied=applied,
+        batches_only_in_wal=batches_in_wal,
+        rows_replayed=rows_replayed,
+        generations_merged=generations_merged,
+        keys_verified=len(keys),
         deleted_keys_verified=sum(1 for k, v in without.items() if v is None and k not in after),
-        rows_before=sum(1 for v in before.values() if v is not None), rows_after=view.num_rows,
+        rows_before=sum(1 for v in before.values() if v is not None),
+        rows_after=view.num_rows,
         findings_before_recovery=tuple(f"{x.severity.value}: {x.message}" for f in findings for x in f.errors),
-        violations=tuple(violations))
+        violations=tuple(violations),
+    )
 
 
 def _state(table: LsmTable, rows: pa.Table, violations: list[str] | None = None, where: str = "merged view") -> State:

@@ -30,8 +30,9 @@ def live_keys(table: LsmTable) -> pa.Table:
     return table.read(columns=list(table.primary_key))
 
 
-def key_pool(table: LsmTable, existing: pa.Table, new_keys: int, rng: np.random.Generator,
-             max_existing: int) -> pa.Table:
+def key_pool(
+    table: LsmTable, existing: pa.Table, new_keys: int, rng: np.random.Generator, max_existing: int
+) -> pa.Table:
     """Keys to write: up to ``max_existing`` of ``existing`` plus ``new_keys`` keys no row has.
 
     New keys are numbered far above the keys small tables use (integer key
@@ -44,15 +45,17 @@ def key_pool(table: LsmTable, existing: pa.Table, new_keys: int, rng: np.random.
     return pa.concat_tables([picked, fresh.cast(picked.schema)])
 
 
-def synthetic_changes(table: LsmTable, keys: pa.Table, delete_ratio: float, rng: np.random.Generator,
-                      label: str) -> pa.Table:
+def synthetic_changes(
+    table: LsmTable, keys: pa.Table, delete_ratio: float, rng: np.random.Generator, label: str
+) -> pa.Table:
     """One change batch: every key in ``keys`` once, deleted with ``delete_ratio``, else upserted.
 
     Each key appears once, so no ``_seq`` is needed to order the batch.
     """
     n = keys.num_rows
-    columns = {f.name: keys[f.name] if f.name in table.primary_key else _values(f.type, n, rng, label)
-               for f in table.schema}
+    columns = {
+        f.name: keys[f.name] if f.name in table.primary_key else _values(f.type, n, rng, label) for f in table.schema
+    }
     ops = np.where(rng.random(n) < delete_ratio, DELETE, UPSERT)
     return pa.table({**columns, OP_COLUMN: pa.array(ops)})
 

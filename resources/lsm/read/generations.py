@@ -22,15 +22,20 @@ def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:
     return f"{table_uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
 
 
-def open_generation(table_uri: str, shard_id: str, directory: str,
-                    storage_options: dict[str, str] | None = None,
-                    session: lance.Session | None = None) -> lance.LanceDataset:
+def open_generation(
+    table_uri: str,
+    shard_id: str,
+    directory: str,
+    storage_options: dict[str, str] | None = None,
+    session: lance.Session | None = None,
+) -> lance.LanceDataset:
     """One generation as a Lance dataset (immutable once the manifest lists it).
 
     A shared ``session`` caches its metadata across opens.
     """
-    return lance.dataset(generation_uri(table_uri, shard_id, directory), storage_options=storage_options,
-                         session=session)
+    return lance.dataset(
+        generation_uri(table_uri, shard_id, directory), storage_options=storage_options, session=session
+    )
 
 
 def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Table:
@@ -44,13 +49,20 @@ def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Ta
     return generation.to_table(columns=columns.names, scan_in_order=True).cast(columns)
 
 
-def read_generations(table_uri: str, generations: Sequence[tuple[str, str]], columns: pa.Schema, *,
-                     storage_options: dict[str, str] | None = None, session: lance.Session | None = None,
-                     map: Callable = map) -> list[pa.Table]:
+def read_generations(
+    table_uri: str,
+    generations: Sequence[tuple[str, str]],
+    columns: pa.Schema,
+    *,
+    storage_options: dict[str, str] | None = None,
+    session: lance.Session | None = None,
+    map: Callable = map,
+) -> list[pa.Table]:
     """The rows of each ``(shard_id, directory)`` generation (:func:`generation_rows`), in order.
 
     ``map`` may be a thread pool's, to read several generations at once.
     """
+
     def read(generation: tuple[str, str]) -> pa.Table:
         shard_id, directory = generation
         return generation_rows(open_generation(table_uri, shard_id, directory, storage_options, session), columns)

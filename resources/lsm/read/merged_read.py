@@ -89,8 +89,13 @@ def _shard_snapshot(shard: ShardState, generations: tuple[tuple[int, str], ...])
     return snapshot
 
 
-def scan(dataset: lance.LanceDataset, primary_key: Sequence[str], pin_levels: Callable[[], ReadSnapshot],
-         columns: list[str], filter: str | None) -> pa.Table:
+def scan(
+    dataset: lance.LanceDataset,
+    primary_key: Sequence[str],
+    pin_levels: Callable[[], ReadSnapshot],
+    columns: list[str],
+    filter: str | None,
+) -> pa.Table:
     """Rows of the merged view matching ``filter`` (Lance SQL), projected to ``columns``.
 
     ``dataset`` is the pinned base version; ``pin_levels`` pins the levels
@@ -108,8 +113,9 @@ def scan(dataset: lance.LanceDataset, primary_key: Sequence[str], pin_levels: Ca
     live = _live(newer)
     if filter:
         live = _filter_sql(live, filter)
-    return pa.concat_tables([older.select(wanted), live.select(wanted).cast(older.select(wanted).schema)]) \
-        .select(columns)
+    return pa.concat_tables([older.select(wanted), live.select(wanted).cast(older.select(wanted).schema)]).select(
+        columns
+    )
 
 
 class _BaseBatches:
@@ -223,13 +229,20 @@ class PendingGenerations:
                 return hit
 
         # Each generation is a small Lance dataset: read them in parallel.
-        levels = read_generations(snapshot.dataset.uri, generations, shape, storage_options=snapshot.storage_options,
-                                  session=snapshot.session, map=_readers().map)
+        levels = read_generations(
+            snapshot.dataset.uri,
+            generations,
+            shape,
+            storage_options=snapshot.storage_options,
+            session=snapshot.session,
+            map=_readers().map,
+        )
         resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
         with self._lock:
             self._entries[cache_key] = resolved
-            while self._entries and (len(self._entries) > self._capacity or
-                                     sum(t.nbytes for t in self._entries.values()) > self._max_bytes):
+            while self._entries and (
+                len(self._entries) > self._capacity or sum(t.nbytes for t in self._entries.values()) > self._max_bytes
+            ):
                 self._entries.popitem(last=False)
         return resolved
 
@@ -251,8 +264,9 @@ def _forget_readers() -> None:
 os.register_at_fork(after_in_child=_forget_readers)
 
 
-def lookup(snapshot: ReadSnapshot, keys: pa.Table, buckets: np.ndarray, columns: list[str],
-           filters: GenerationFilters) -> pa.Table:
+def lookup(
+    snapshot: ReadSnapshot, keys: pa.Table, buckets: np.ndarray, columns: list[str], filters: GenerationFilters
+) -> pa.Table:
     """The merged-view row of each key in ``keys`` (absent keys are skipped).
 
     ``buckets`` holds each key's bucket; ``snapshot`` must cover those shards.
@@ -291,7 +305,8 @@ class _Planners:
         cache_key = (shard.shard_id, generations)
         if cache_key not in self._planners:
             self._planners[cache_key] = LsmPointLookupPlanner(
-                self._snapshot.dataset, [_shard_snapshot(shard, generations)], list(self._snapshot.primary_key))
+                self._snapshot.dataset, [_shard_snapshot(shard, generations)], list(self._snapshot.primary_key)
+            )
         return self._planners[cache_key]
 
 
@@ -347,5 +362,4 @@ def _lookup_value(one_key: pa.Table) -> pa.Array:
     """The planner's key form: a 1-element array, or a 1-row struct for composite keys."""
     if one_key.num_columns == 1:
         return one_key.column(0).combine_chunks()
-    return pa.StructArray.from_arrays([c.combine_chunks() for c in one_key.columns],
-                                      names=one_key.column_names)
+    return pa.StructArray.from_arrays([c.combine_chunks() for c in one_key.columns], names=one_key.column_names)

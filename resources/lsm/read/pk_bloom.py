@@ -77,7 +77,9 @@ class SplitBlockBloomFilter:
         """``False`` only if no key with this hash was inserted."""
         block = self._blocks[((key_hash >> 32) * len(self._blocks)) >> 32]
         low = key_hash & 0xFFFFFFFF
-        return all(int(word) >> (((low * salt) & 0xFFFFFFFF) >> 27) & 1 for word, salt in zip(block, _SALT, strict=True))
+        return all(
+            int(word) >> (((low * salt) & 0xFFFFFFFF) >> 27) & 1 for word, salt in zip(block, _SALT, strict=True)
+        )
 
 
 class GenerationFilters:
@@ -86,8 +88,13 @@ class GenerationFilters:
     Bounded: the least recently used filters are dropped first.
     """
 
-    def __init__(self, uri: str, storage: TableStorage, key_fields: Sequence[pa.Field],
-                 storage_options: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        storage: TableStorage,
+        key_fields: Sequence[pa.Field],
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
         self._uri = uri
         self._storage = storage
         self._storage_options = storage_options
@@ -121,8 +128,10 @@ class GenerationFilters:
         except FileNotFoundError:
             return None  # not cached: a flush that listed the generation first may still write it
         if not self._admits_own_keys(bloom, path):
-            log.warning("bloom filter of %s does not admit its own keys; not used for pruning "
-                        "(has Lance's key hash changed?)", self._storage.path(path))
+            log.warning(
+                "bloom filter of %s does not admit its own keys; not used for pruning (has Lance's key hash changed?)",
+                self._storage.path(path),
+            )
             bloom = None
         with self._lock:
             self._filters[cache_key] = bloom
@@ -133,8 +142,10 @@ class GenerationFilters:
     def _admits_own_keys(self, bloom: SplitBlockBloomFilter, path: str) -> bool:
         generation = lance.dataset(f"{self._uri}/{path}", storage_options=self._storage_options)
         sample = generation.to_table(columns=self._key, limit=_SAMPLE_ROWS)
-        return all(bloom.might_contain(pk_hash(row, self._types))
-                   for row in zip(*(sample[c].to_pylist() for c in self._key), strict=True))
+        return all(
+            bloom.might_contain(pk_hash(row, self._types))
+            for row in zip(*(sample[c].to_pylist() for c in self._key), strict=True)
+        )
 
 
 def _rotl(value: int, bits: int) -> int:
@@ -160,7 +171,7 @@ def _siphash13(message: bytes) -> int:
     v0, v1, v2, v3 = 0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573
     whole = len(message) - len(message) % 8
     for offset in range(0, whole, 8):
-        word = int.from_bytes(message[offset:offset + 8], "little")
+        word = int.from_bytes(message[offset : offset + 8], "little")
         v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3 ^ word)
         v0 ^= word
     last = ((len(message) & 0xFF) << 56) | int.from_bytes(message[whole:], "little")

@@ -71,18 +71,24 @@ class VectorIndex:
         if not (pa.types.is_fixed_size_list(column_type) and column_type.value_type == pa.float32()):
             raise ValueError(f"vector column {self.column!r} must be fixed_size_list<float32>, got {column_type}")
         if column_type.list_size % self.num_sub_vectors:
-            raise ValueError(f"num_sub_vectors {self.num_sub_vectors} must divide the dimension "
-                             f"{column_type.list_size}")
+            raise ValueError(
+                f"num_sub_vectors {self.num_sub_vectors} must divide the dimension {column_type.list_size}"
+            )
         if self.metric not in METRICS or self.num_partitions < 1:
             raise ValueError(f"need metric in {METRICS} and num_partitions >= 1, got {self}")
 
     def build(self, dataset: lance.LanceDataset, replace: bool = False) -> None:
-        dataset.create_index(self.column, "IVF_PQ", metric=self.metric, num_partitions=self.num_partitions,
-                             num_sub_vectors=self.num_sub_vectors, replace=replace)
+        dataset.create_index(
+            self.column,
+            "IVF_PQ",
+            metric=self.metric,
+            num_partitions=self.num_partitions,
+            num_sub_vectors=self.num_sub_vectors,
+            replace=replace,
+        )
 
 
-def validate_search_indexes(schema: pa.Schema, vector_index: VectorIndex | None,
-                            fts_column: str | None) -> None:
+def validate_search_indexes(schema: pa.Schema, vector_index: VectorIndex | None, fts_column: str | None) -> None:
     """Check requested indexes against the schema before anything is created.
 
     Raises
@@ -93,13 +99,15 @@ def validate_search_indexes(schema: pa.Schema, vector_index: VectorIndex | None,
     """
     if vector_index is not None:
         vector_index.validate(schema)
-    if fts_column is not None and (fts_column not in schema.names
-                                   or not pa.types.is_string(schema.field(fts_column).type)):
+    if fts_column is not None and (
+        fts_column not in schema.names or not pa.types.is_string(schema.field(fts_column).type)
+    ):
         raise ValueError(f"full-text column {fts_column!r} must be a string column of the schema")
 
 
-def create_search_indexes(dataset: lance.LanceDataset, vector_index: VectorIndex | None,
-                          fts_column: str | None) -> dict[str, str]:
+def create_search_indexes(
+    dataset: lance.LanceDataset, vector_index: VectorIndex | None, fts_column: str | None
+) -> dict[str, str]:
     """Create validated indexes on a new (empty) base table.
 
     Call before MemWAL is initialized, which then maintains them in every
@@ -144,9 +152,15 @@ def train_vector_index(dataset: lance.LanceDataset, min_rows: int = 1_000) -> bo
     return True
 
 
-def search(snapshot: ReadSnapshot, vector: Sequence[float] | np.ndarray, k: int,
-           filter: str | None = None, columns: list[str] | None = None,
-           nprobes: int = 20, refine_factor: int = 5) -> pa.Table:
+def search(
+    snapshot: ReadSnapshot,
+    vector: Sequence[float] | np.ndarray,
+    k: int,
+    filter: str | None = None,
+    columns: list[str] | None = None,
+    nprobes: int = 20,
+    refine_factor: int = 5,
+) -> pa.Table:
     """The ``k`` nearest live rows of the merged view, nearest first.
 
     Returns ``columns`` (default: all) plus ``_distance``; each key at most
@@ -177,8 +191,15 @@ def search(snapshot: ReadSnapshot, vector: Sequence[float] | np.ndarray, k: int,
     return nearest.select([*columns, DISTANCE])
 
 
-def _indexed_levels(snapshot: ReadSnapshot, index: VectorIndex, query: np.ndarray, fetch: int,
-                    wanted: list[str], filter: str | None, nprobes: int) -> pa.Table:
+def _indexed_levels(
+    snapshot: ReadSnapshot,
+    index: VectorIndex,
+    query: np.ndarray,
+    fetch: int,
+    wanted: list[str],
+    filter: str | None,
+    nprobes: int,
+) -> pa.Table:
     """Planner candidates from base and generations, without keys the WAL tail overrides.
 
     If hiding tail keys leaves fewer than ``fetch`` candidates while the planner
@@ -186,12 +207,19 @@ def _indexed_levels(snapshot: ReadSnapshot, index: VectorIndex, query: np.ndarra
     remove at most that many, so the top ``fetch`` survivors are complete.
     """
     key = list(snapshot.primary_key)
-    planner = LsmVectorSearchPlanner(snapshot.dataset, snapshot.shard_snapshots(), index.column, key,
-                                     distance_type=index.metric, filter=filter)
+    planner = LsmVectorSearchPlanner(
+        snapshot.dataset, snapshot.shard_snapshots(), index.column, key, distance_type=index.metric, filter=filter
+    )
 
     def candidates(n: int) -> tuple[int, pa.Table]:
-        found = planner.plan_search(pa.array(query), k=n, nprobes=nprobes, columns=[*wanted, DISTANCE],
-                                    refine_base_table=True, overfetch_factor=2.0).to_table()
+        found = planner.plan_search(
+            pa.array(query),
+            k=n,
+            nprobes=nprobes,
+            columns=[*wanted, DISTANCE],
+            refine_base_table=True,
+            overfetch_factor=2.0,
+        ).to_table()
         found = without_internal_columns(found).select([*wanted, DISTANCE])
         return found.num_rows, key_join(found, snapshot.tail, key, "left anti")
 
@@ -201,8 +229,9 @@ def _indexed_levels(snapshot: ReadSnapshot, index: VectorIndex, query: np.ndarra
     return visible
 
 
-def _tail_levels(tail: pa.Table, index: VectorIndex, query: np.ndarray, k: int, wanted: list[str],
-                 filter: str | None) -> pa.Table:
+def _tail_levels(
+    tail: pa.Table, index: VectorIndex, query: np.ndarray, k: int, wanted: list[str], filter: str | None
+) -> pa.Table:
     """The ``k`` nearest live WAL-tail rows matching ``filter``, by exact flat search.
 
     Lance itself scores and filters them, so the SQL dialect and the distance
@@ -214,5 +243,8 @@ def _tail_levels(tail: pa.Table, index: VectorIndex, query: np.ndarray, k: int, 
         return live.select(wanted).append_column(DISTANCE, pa.array([], pa.float32()))
     with tempfile.TemporaryDirectory(prefix="lsm-tail-") as tmp:
         nearest = {"column": index.column, "q": query, "k": k, "metric": index.metric}
-        return lance.write_dataset(live, tmp).to_table(columns=[*wanted, DISTANCE], nearest=nearest, filter=filter,
-                                                       prefilter=True).select([*wanted, DISTANCE])
+        return (
+            lance.write_dataset(live, tmp)
+            .to_table(columns=[*wanted, DISTANCE], nearest=nearest, filter=filter, prefilter=True)
+            .select([*wanted, DISTANCE])
+        )

@@ -18,8 +18,14 @@ from ..format.wal import read_wal_entry
 from .dedup import keep_last_per_key
 
 
-def read_wal_tail(storage: TableStorage, shard_id: str, after_position: int,
-                  schema: pa.Schema, primary_key: list[str], up_to_position: int | None = None) -> pa.Table:
+def read_wal_tail(
+    storage: TableStorage,
+    shard_id: str,
+    after_position: int,
+    schema: pa.Schema,
+    primary_key: list[str],
+    up_to_position: int | None = None,
+) -> pa.Table:
     """The newest change per key among WAL entries after ``after_position``.
 
     Returns the table's columns plus ``_tombstone`` (True = deleted), one row

@@ -98,8 +98,9 @@ class IngestReport(ShardTotals):
         return self.rows_read / self.elapsed_seconds if self.elapsed_seconds else 0.0
 
 
-def pending_landing_files(table_uri: str, landing_dir: str,
-                          retention: LandingRetention = LandingRetention()) -> list[LandingFile]:
+def pending_landing_files(
+    table_uri: str, landing_dir: str, retention: LandingRetention = LandingRetention()
+) -> list[LandingFile]:
     """Landing files not yet recorded in the table's ledger, in file-name order.
 
     Recorded files still in the landing directory (a crash came between
@@ -118,10 +119,17 @@ def _same_size(entry: LedgerEntry | None, file: LandingFile) -> bool:
     return entry is not None and entry.size == file.size
 
 
-def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir: str,
-                         run_id: str | None = None, *, writers: LsmTable | None = None,
-                         max_files: int | None = None,
-                         retention: LandingRetention = LandingRetention()) -> IngestReport:
+def ingest_landing_files(
+    spark,
+    table_uri: str,
+    landing_dir: str,
+    quarantine_dir: str,
+    run_id: str | None = None,
+    *,
+    writers: LsmTable | None = None,
+    max_files: int | None = None,
+    retention: LandingRetention = LandingRetention(),
+) -> IngestReport:
     """Ingest pending landing files (file-name order) into the table; return what happened.
 
     Parameters
@@ -164,8 +172,9 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
         quarantine_path = None
         if rows_quarantined:
             quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
-            _quarantine(spark, _stage(spark, table, [f for f in files if per_file[f.order][1]], counts, None),
-                        quarantine_path)
+            _quarantine(
+                spark, _stage(spark, table, [f for f in files if per_file[f.order][1]], counts, None), quarantine_path
+            )
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
         TableStorage(table.uri).delete_dir(staging)
@@ -187,6 +196,7 @@ def ingest_landing_files(spark, table_uri: str, landing_dir: str, quarantine_dir
 
 
 # --------------------------------------------------------------------- driver side
+
 
 class _PerFileCounts:
     """Spark accumulator parameter for ``{file order: (rows, rejected rows)}``.
@@ -232,15 +242,17 @@ def _stage(spark, table: LsmTable, files: list[LandingFile], counts, staging: st
     """
     # Tasks get ranges of positions in the file list (shipped with the function).
     listing = [(f.order, f.name, f.path) for f in files]
-    positions = spark.sparkContext.parallelize(range(len(files)),
-                                               min(len(files), spark.sparkContext.defaultParallelism))
+    positions = spark.sparkContext.parallelize(
+        range(len(files)), min(len(files), spark.sparkContext.defaultParallelism)
+    )
     uri = table.uri
     return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, staging, counts))
 
 
 def _quarantine(spark, staged, path: str) -> None:
-    rejected = staged.filter(lambda item: isinstance(item, _RejectedRow)) \
-        .map(lambda r: (r.file, r.row, r.reason, r.record))
+    rejected = staged.filter(lambda item: isinstance(item, _RejectedRow)).map(
+        lambda r: (r.file, r.row, r.reason, r.record)
+    )
     spark.createDataFrame(rejected, _QUARANTINE_SCHEMA).coalesce(1).write.mode("append").json(path)
 
 
@@ -260,14 +272,19 @@ def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
     by_task = staged.filter(lambda item: isinstance(item, _StagedFile)).map(lambda f: (f.bucket % tasks, f))
     uri = table.uri
     # Partition = task exactly (the task number is the partition function).
-    return by_task.partitionBy(tasks, lambda task: task) \
-        .mapPartitions(lambda part: _write_partition([f for _, f in part], uri)).collect()
+    return (
+        by_task.partitionBy(tasks, lambda task: task)
+        .mapPartitions(lambda part: _write_partition([f for _, f in part], uri))
+        .collect()
+    )
 
 
 # --------------------------------------------------------------- executor side
 
-def _stage_files(positions: Iterable[int], listing: list[tuple[int, str, str]], uri: str, staging: str | None,
-                 counts) -> Iterator[_StagedFile | _RejectedRow]:
+
+def _stage_files(
+    positions: Iterable[int], listing: list[tuple[int, str, str]], uri: str, staging: str | None, counts
+) -> Iterator[_StagedFile | _RejectedRow]:
     """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
 
     Yields each file's rejected rows as it goes, then this task's staged files.
@@ -329,8 +346,9 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
                 yield pa.Table.from_batches([batch])
 
 
-def _stage_one_file(table: LsmTable, name: str,
-                    path: str) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
+def _stage_one_file(
+    table: LsmTable, name: str, path: str
+) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows)."""
     try:
         raw, rejections = read_landing_file(path)
@@ -368,8 +386,10 @@ def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table
 
 
 def _rejected_rows(name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
-    return [_RejectedRow(name, r.row, r.reason, record)
-            for r, record in zip(rejections, _records(raw, rejections), strict=True)]
+    return [
+        _RejectedRow(name, r.row, r.reason, record)
+        for r, record in zip(rejections, _records(raw, rejections), strict=True)
+    ]
 
 
 def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
@@ -381,7 +401,10 @@ def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | No
 
 
 def _write_partition(files: list[_StagedFile], uri: str) -> Iterator[ShardIngestStats]:
-    """Write the staged files of one partition's shards through writers this task opens and closes (runs in a Spark task)."""
+    """Write the staged files of one partition's shards through writers this task opens and closes.
+
+    Runs in a Spark task.
+    """
     started = time.monotonic()
     table = LsmTable.open(uri)
     try:
@@ -399,20 +422,25 @@ def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWr
         paths.setdefault(table.shard_ids[f.bucket], []).append(f.path)
     storage = TableStorage(table.uri)
     with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
-        return list(pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])),
-                             paths))
+        return list(
+            pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])), paths)
+        )
 
 
 def _wal_bytes(table: LsmTable) -> dict[str, int]:
     return {shard_id: stats.get("wal_flush_bytes", 0) for shard_id, stats in table.writer_stats().items()}
 
 
-def _shard_stats(table: LsmTable, written: list[ShardWriteCount], elapsed: float,
-                 wal_bytes: dict[str, int] | None = None) -> list[ShardIngestStats]:
+def _shard_stats(
+    table: LsmTable, written: list[ShardWriteCount], elapsed: float, wal_bytes: dict[str, int] | None = None
+) -> list[ShardIngestStats]:
     """Stats of the shards that got rows; ``elapsed`` is the time their writing took, together."""
     wal_bytes = _wal_bytes(table) if wal_bytes is None else wal_bytes
-    return [ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
-            for w in sorted(written, key=lambda w: w.shard_id) if w.upserts or w.deletes]
+    return [
+        ShardIngestStats(w.shard_id, w.upserts, w.deletes, wal_bytes.get(w.shard_id, 0), elapsed)
+        for w in sorted(written, key=lambda w: w.shard_id)
+        if w.upserts or w.deletes
+    ]
 
 
 def _write_shard(table: LsmTable, shard_id: str, parts: Iterable[pa.Table]) -> ShardWriteCount:

@@ -181,9 +181,12 @@ class LsmReader(DataSourceReader):
 
     def _pin(self, storage: TableStorage, state: ShardState) -> ShardPin:
         tail = self.fresh and state.unflushed_wal_entries > 0
-        return ShardPin(state.shard_id, tuple(d for _, d in state.pending_generations),
-                        state.replay_after_wal_position,
-                        _last_wal_position(storage, state.shard_id) if tail else None)
+        return ShardPin(
+            state.shard_id,
+            tuple(d for _, d in state.pending_generations),
+            state.replay_after_wal_position,
+            _last_wal_position(storage, state.shard_id) if tail else None,
+        )
 
     def read(self, partition: ShardRangePartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
@@ -206,11 +209,20 @@ class LsmReader(DataSourceReader):
     def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
         """Newest change per key of one shard's pending generations and WAL tail (with ``_tombstone``)."""
         columns = empty_tail(self.table_schema).schema
-        levels = read_generations(self.uri, [(pin.shard_id, d) for d in pin.generations], columns,
-                                  storage_options=self.storage_options)
+        levels = read_generations(
+            self.uri, [(pin.shard_id, d) for d in pin.generations], columns, storage_options=self.storage_options
+        )
         if pin.wal_up_to is not None:
-            levels.append(read_wal_tail(storage, pin.shard_id, pin.wal_after, self.table_schema,
-                                        self.primary_key, up_to_position=pin.wal_up_to))
+            levels.append(
+                read_wal_tail(
+                    storage,
+                    pin.shard_id,
+                    pin.wal_after,
+                    self.table_schema,
+                    self.primary_key,
+                    up_to_position=pin.wal_up_to,
+                )
+            )
         return newest_per_key(levels, columns, self.primary_key)
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -232,8 +244,12 @@ def filter_expression(filters: Sequence[Filter], schema: pa.Schema) -> pc.Expres
 
 
 _COMPARISONS = {
-    EqualTo: operator.eq, EqualNullSafe: operator.eq, GreaterThan: operator.gt,
-    GreaterThanOrEqual: operator.ge, LessThan: operator.lt, LessThanOrEqual: operator.le,
+    EqualTo: operator.eq,
+    EqualNullSafe: operator.eq,
+    GreaterThan: operator.gt,
+    GreaterThanOrEqual: operator.ge,
+    LessThan: operator.lt,
+    LessThanOrEqual: operator.le,
 }
 _STRING_MATCHES = {StringStartsWith: pc.starts_with, StringEndsWith: pc.ends_with, StringContains: pc.match_substring}
 

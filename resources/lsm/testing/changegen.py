@@ -76,8 +76,9 @@ def generate_changes(spec: ChangeStreamSpec) -> Iterator[pa.Table]:
             elif deleted and draw < spec.delete_ratio + spec.reinsert_ratio:
                 key, op = deleted.take(rng), UPSERT
                 live.add(key)
-            elif live and (draw < spec.delete_ratio + spec.reinsert_ratio + spec.update_ratio
-                           or next_new >= spec.num_keys):
+            elif live and (
+                draw < spec.delete_ratio + spec.reinsert_ratio + spec.update_ratio or next_new >= spec.num_keys
+            ):
                 key, op = live.pick(rng), UPSERT
             else:
                 key, op, next_new = next_new, UPSERT, next_new + 1
@@ -128,8 +129,9 @@ class _KeyPool:
         return key
 
 
-def _batch(spec: ChangeStreamSpec, rng: np.random.Generator, keys: np.ndarray, ops: np.ndarray,
-           seqs: np.ndarray) -> pa.Table:
+def _batch(
+    spec: ChangeStreamSpec, rng: np.random.Generator, keys: np.ndarray, ops: np.ndarray, seqs: np.ndarray
+) -> pa.Table:
     n = len(keys)
     columns = {
         "id": pa.array(keys, pa.int64()),
@@ -148,7 +150,9 @@ def _batch(spec: ChangeStreamSpec, rng: np.random.Generator, keys: np.ndarray, o
     return pa.table(columns)
 
 
-_WORDS = np.array(["express", "parcel", "fragile", "refund", "priority", "gift", "bulk", "order", "late", "early", "damaged", "green"])
+_WORDS = np.array(
+    ["express", "parcel", "fragile", "refund", "priority", "gift", "bulk", "order", "late", "early", "damaged", "green"]
+)
 
 # Each kind of malformed row, and the reason ingestion must quarantine it for.
 MALFORMED_KINDS = ("null key", "bad type", "unknown _op", "unknown column")
@@ -159,8 +163,14 @@ def malformed_rows(count: int, next_key: int) -> list[dict]:
     rows = []
     for i in range(count):
         kind = MALFORMED_KINDS[i % len(MALFORMED_KINDS)]
-        row = {"id": next_key + i, "customer": "bad", "amount": "12.5", "status": "new",
-               OP_COLUMN: "upsert", SEQ_COLUMN: i}
+        row = {
+            "id": next_key + i,
+            "customer": "bad",
+            "amount": "12.5",
+            "status": "new",
+            OP_COLUMN: "upsert",
+            SEQ_COLUMN: i,
+        }
         if kind == "null key":
             row["id"] = None
         elif kind == "bad type":
@@ -173,8 +183,9 @@ def malformed_rows(count: int, next_key: int) -> list[dict]:
     return rows
 
 
-def write_landing_files(spec: ChangeStreamSpec, landing_dir: str, fmt: str = "parquet",
-                        malformed_per_file: int = 0, prefix: str = "changes") -> list[pa.Table]:
+def write_landing_files(
+    spec: ChangeStreamSpec, landing_dir: str, fmt: str = "parquet", malformed_per_file: int = 0, prefix: str = "changes"
+) -> list[pa.Table]:
     """Write each generated batch as one landing file; return the clean batches.
 
     Files are named ``{prefix}-{n:06d}.{parquet|jsonl|csv}`` and appear
@@ -205,8 +216,9 @@ def _write_file(batch: pa.Table, bad: list[dict], path: str, fmt: str) -> None:
         # Values as text, so a file can carry the malformed ones; the table
         # schema's types are restored by casting at ingestion.
         columns = sorted({k for row in rows for k in row}, key=[*batch.column_names, "colour"].index)
-        batch = pa.table({c: pa.array([None if r.get(c) is None else _text(r.get(c)) for r in rows],
-                                      pa.string()) for c in columns})
+        batch = pa.table(
+            {c: pa.array([None if r.get(c) is None else _text(r.get(c)) for r in rows], pa.string()) for c in columns}
+        )
     if fmt == "parquet":
         pq.write_table(batch, path)
     elif fmt == "csv":
@@ -235,13 +247,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefix", default="changes", help="file-name prefix (files sort by name)")
     parser.add_argument("--seed", type=int, default=ChangeStreamSpec.seed)
     args = parser.parse_args(argv)
-    spec = ChangeStreamSpec(num_keys=args.num_keys, num_batches=args.num_batches, batch_size=args.batch_size,
-                            update_ratio=args.update_ratio, delete_ratio=args.delete_ratio,
-                            reinsert_ratio=args.reinsert_ratio, seed=args.seed,
-                            vector_dim=args.vector_dim, with_text=args.with_text)
+    spec = ChangeStreamSpec(
+        num_keys=args.num_keys,
+        num_batches=args.num_batches,
+        batch_size=args.batch_size,
+        update_ratio=args.update_ratio,
+        delete_ratio=args.delete_ratio,
+        reinsert_ratio=args.reinsert_ratio,
+        seed=args.seed,
+        vector_dim=args.vector_dim,
+        with_text=args.with_text,
+    )
     batches = write_landing_files(spec, args.landing_dir, args.format, args.malformed_rows, args.prefix)
-    print(f"wrote {len(batches)} {args.format} files ({sum(b.num_rows for b in batches)} change rows) "
-          f"to {args.landing_dir}")
+    print(
+        f"wrote {len(batches)} {args.format} files ({sum(b.num_rows for b in batches)} change rows) "
+        f"to {args.landing_dir}"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def to_arrow(data) -> pa.Table:
     raise TypeError(f"cannot write {type(data).__name__}; pass a pyarrow Table or pandas DataFrame")
 
 
-def validate_changes(data, schema: pa.Schema, primary_key: list[str], *,
-                     reject_unknown_columns: bool = False) -> ValidatedChanges:
+def validate_changes(
+    data, schema: pa.Schema, primary_key: list[str], *, reject_unknown_columns: bool = False
+) -> ValidatedChanges:
     """Check every row of ``data`` against ``schema`` and the change-column rules.
 
     A row is rejected for a null key, a value not castable to its column type,
@@ -151,8 +152,9 @@ def _seq_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
     return cast
 
 
-def _cast_column(table: pa.Table, target: pa.Field, primary_key: list[str],
-                 is_delete: pa.Array, reasons: dict[int, str]) -> pa.Array:
+def _cast_column(
+    table: pa.Table, target: pa.Field, primary_key: list[str], is_delete: pa.Array, reasons: dict[int, str]
+) -> pa.Array:
     if target.name not in table.column_names:
         if target.name in primary_key:  # checked by the caller; kept for clarity
             raise ValueError(f"primary-key column {target.name!r} is missing")
@@ -170,8 +172,7 @@ def _cast_column(table: pa.Table, target: pa.Field, primary_key: list[str],
     return values
 
 
-def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str,
-                 reasons: dict[int, str]) -> pa.Array:
+def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str, reasons: dict[int, str]) -> pa.Array:
     """Cast a column; values that do not cast become null and are rejected."""
     column = column.combine_chunks()
     try:

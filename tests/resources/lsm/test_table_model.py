@@ -18,8 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from resources.lsm import LsmTable
 from tests.helpers import rows_by_key
 
-STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None,
-                 suppress_health_check=[HealthCheck.too_slow])
+STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SINGLE_KEY_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("qty", pa.int32())])
 COMPOSITE_KEY_SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int32()), ("name", pa.string())])
@@ -60,9 +59,10 @@ class LsmTableMachine(RuleBasedStateMachine):
         # Present rows in reverse order: the highest _seq (last op) must still win.
         rows.reverse()
         columns = [*self.schema.names, "_op", "_seq"]
-        return pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows],
-                                    schema=self.schema.append(pa.field("_op", pa.string()))
-                                    .append(pa.field("_seq", pa.int64())))
+        return pa.Table.from_pylist(
+            [{c: r.get(c) for c in columns} for r in rows],
+            schema=self.schema.append(pa.field("_op", pa.string())).append(pa.field("_seq", pa.int64())),
+        )
 
     def _apply(self, ops: list[tuple[tuple, str]]) -> None:
         batch = self._changes(ops)
@@ -78,8 +78,9 @@ class LsmTableMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def upsert_and_delete(self, data) -> None:
-        ops = data.draw(st.lists(st.tuples(self.keys, st.sampled_from(["upsert", "upsert", "delete"])),
-                                 min_size=1, max_size=12))
+        ops = data.draw(
+            st.lists(st.tuples(self.keys, st.sampled_from(["upsert", "upsert", "delete"])), min_size=1, max_size=12)
+        )
         self._apply(ops)
 
     @precondition(lambda self: self.deleted)

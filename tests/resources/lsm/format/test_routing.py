@@ -13,15 +13,23 @@ from resources.lsm.format.wal import read_wal_entry
 
 def _bucket_spec(num_buckets: int, source_id: int) -> mem_wal.ShardingSpec:
     """Lance's bucket transform, built independently of the table's own spec."""
-    field = mem_wal.ShardingField(field_id="bucket", source_ids=[source_id], transform="bucket",
-                                  result_type="int32", parameters={"num_buckets": str(num_buckets)})
+    field = mem_wal.ShardingField(
+        field_id="bucket",
+        source_ids=[source_id],
+        transform="bucket",
+        result_type="int32",
+        parameters={"num_buckets": str(num_buckets)},
+    )
     return mem_wal.ShardingSpec(spec_id=1, fields=[field])
 
 
-@pytest.mark.parametrize("key_type, keys, expected", [
-    (pa.int32(), [1, 2, 3], [2, 7, 1]),
-    (pa.string(), ["a", "b"], [1, 5]),
-])
+@pytest.mark.parametrize(
+    "key_type, keys, expected",
+    [
+        (pa.int32(), [1, 2, 3], [2, 7, 1]),
+        (pa.string(), ["a", "b"], [1, 5]),
+    ],
+)
 def test_lance_bucket_hash_matches_the_spec_vectors(make_table, key_type, keys, expected):
     # Test vectors from Lance's MemWAL spec (8 buckets).
     table = make_table(pa.schema([("k", key_type), ("v", pa.string())]), ["k"], num_shards=8)
@@ -29,14 +37,18 @@ def test_lance_bucket_hash_matches_the_spec_vectors(make_table, key_type, keys, 
     assert buckets.tolist() == expected
 
 
-@pytest.mark.parametrize("schema, primary_key, make_rows", [
-    (pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"],
-     lambda i: {"id": i * 7919, "v": str(i)}),
-    (pa.schema([("id", pa.string()), ("v", pa.string())]), ["id"],
-     lambda i: {"id": f"user-{i}", "v": str(i)}),
-    (pa.schema([("tenant", pa.string()), ("id", pa.int32()), ("v", pa.string())]), ["tenant", "id"],
-     lambda i: {"tenant": f"t{i % 5}", "id": i, "v": str(i)}),
-])
+@pytest.mark.parametrize(
+    "schema, primary_key, make_rows",
+    [
+        (pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"], lambda i: {"id": i * 7919, "v": str(i)}),
+        (pa.schema([("id", pa.string()), ("v", pa.string())]), ["id"], lambda i: {"id": f"user-{i}", "v": str(i)}),
+        (
+            pa.schema([("tenant", pa.string()), ("id", pa.int32()), ("v", pa.string())]),
+            ["tenant", "id"],
+            lambda i: {"tenant": f"t{i % 5}", "id": i, "v": str(i)},
+        ),
+    ],
+)
 def test_every_row_lands_in_the_shard_of_its_lance_bucket(make_table, schema, primary_key, make_rows):
     table = make_table(schema, primary_key, num_shards=4)
     rows = pa.Table.from_pylist([make_rows(i) for i in range(200)], schema=schema)

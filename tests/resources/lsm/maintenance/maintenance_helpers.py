@@ -42,8 +42,9 @@ UNFLUSHED_BATCHES = 1
 CRASH_PASS_ROWS = 400
 
 
-def build_change_table(uri: str, *, num_shards: int = 3, num_batches: int = 6, batch_size: int = 500,
-                       num_keys: int = 2500, seed: int = 7) -> tuple[LsmTable, list[pa.Table]]:
+def build_change_table(
+    uri: str, *, num_shards: int = 3, num_batches: int = 6, batch_size: int = 500, num_keys: int = 2500, seed: int = 7
+) -> tuple[LsmTable, list[pa.Table]]:
     """A table fed by the change generator (updates, deletes, re-inserts).
 
     Every batch but the last is flushed into its own generation in every
@@ -101,15 +102,22 @@ def merge_commits(table: LsmTable) -> int:
 def markers_only_advance(table: LsmTable) -> bool:
     """No base version moved a shard's compacted marker backwards (nothing merged twice)."""
     history = _marker_history(table)
-    return all(after.get(s, 0) >= before.get(s, 0)
-               for before, after in itertools.pairwise(history) for s in table.shard_ids)
+    return all(
+        after.get(s, 0) >= before.get(s, 0) for before, after in itertools.pairwise(history) for s in table.shard_ids
+    )
 
 
 def run_worker(uri: str, *args: object) -> int:
     """Run this module as a subprocess; return its exit code (-SIGKILL when it killed itself)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", __name__, uri, *map(str, args)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", __name__, uri, *map(str, args)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode in (0, -signal.SIGKILL), proc.stderr
     return proc.returncode
 

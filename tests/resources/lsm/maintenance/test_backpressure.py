@@ -31,8 +31,9 @@ def test_wait_mode_waits_for_the_merge_and_says_why(behind_table):
     messages: list[str] = []
     merger = threading.Timer(1.0, lambda: behind_table.compact(behind_table.shard_ids[2]))
     merger.start()
-    waited = await_merge_capacity(behind_table, BackpressurePolicy(stop_generations=3, poll_seconds=0.2),
-                                  log=messages.append)
+    waited = await_merge_capacity(
+        behind_table, BackpressurePolicy(stop_generations=3, poll_seconds=0.2), log=messages.append
+    )
     merger.join()
     assert waited >= 0.9
     assert messages and "waiting for merges" in messages[0] and "shards [2]" in messages[0]

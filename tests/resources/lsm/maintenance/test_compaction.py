@@ -37,8 +37,9 @@ def _generations(table: LsmTable) -> dict[str, tuple[int, ...]]:
 
 
 def _marker_history(table: LsmTable, shard_id: str) -> list[int]:
-    markers = [read_compacted_generations(table.storage, v["version"]).get(shard_id, 0)
-               for v in table.dataset().versions()]
+    markers = [
+        read_compacted_generations(table.storage, v["version"]).get(shard_id, 0) for v in table.dataset().versions()
+    ]
     return sorted(set(markers))
 
 
@@ -72,8 +73,10 @@ def test_shard_by_shard_compaction_keeps_the_view_and_fills_the_base(tmp_path):
 def test_a_pass_stops_at_the_row_bound_but_takes_at_least_one_generation(tmp_path):
     table, _ = build_change_table(str(tmp_path / "a.lance"), num_shards=1, num_batches=4, batch_size=200)
     shard = table.shard_ids[0]
-    sizes = [lance.dataset(f"{table.uri}/_mem_wal/{shard}/{d}").count_rows()
-             for _, d in table.shards()[0].pending_generations]
+    sizes = [
+        lance.dataset(f"{table.uri}/_mem_wal/{shard}/{d}").count_rows()
+        for _, d in table.shards()[0].pending_generations
+    ]
     other = shutil.copytree(table.uri, tmp_path / "b.lance")
 
     table.compact(max_rows_per_pass=1)
@@ -130,14 +133,27 @@ def test_composite_keys_with_awkward_strings_are_deleted_exactly(make_table):
     schema = pa.schema([("region", pa.string()), ("id", pa.int32()), ("name", pa.string())])
     table = make_table(schema, primary_key=("region", "id"), num_shards=2)
     regions = ["eu", "o'b|1:x", "1:o", "", "é|", "x\\"]
-    table.write(pa.table({"region": [r for r in regions for _ in range(3)],
-                          "id": pa.array([i for _ in regions for i in range(3)], pa.int32()),
-                          "name": ["v1"] * (3 * len(regions))}))
+    table.write(
+        pa.table(
+            {
+                "region": [r for r in regions for _ in range(3)],
+                "id": pa.array([i for _ in regions for i in range(3)], pa.int32()),
+                "name": ["v1"] * (3 * len(regions)),
+            }
+        )
+    )
     table.close()
     table.compact()
     doomed = [("o'b|1:x", 1), ("1:o", 2), ("", 0), ("é|", 1), ("x\\", 2), ("nowhere", 1)]
-    table.write(pa.table({"region": [r for r, _ in doomed], "id": pa.array([i for _, i in doomed], pa.int32()),
-                          "_op": ["delete"] * len(doomed)}))
+    table.write(
+        pa.table(
+            {
+                "region": [r for r, _ in doomed],
+                "id": pa.array([i for _, i in doomed], pa.int32()),
+                "_op": ["delete"] * len(doomed),
+            }
+        )
+    )
     table.close()
     result = table.compact()
 
@@ -232,7 +248,8 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
     assert len(base.get_fragments()) <= 2
     assert base.stats.index_stats("id_idx")["num_unindexed_rows"] == 0
     assert {s.shard_id: s.compacted_generation for s in table.shards()} == {
-        r.shard_id: r.compacted_generation for r in result.shards}
+        r.shard_id: r.compacted_generation for r in result.shards
+    }
     assert_view(table, batches)
 
 
@@ -252,7 +269,8 @@ def test_one_commit_merges_every_shard(tmp_path):
 
     assert merge_commits(table) == 1
     assert {r.shard_id: (r.generations_merged, r.passes) for r in result.shards} == {
-        s: (g, 1) for s, g in pending.items()}
+        s: (g, 1) for s, g in pending.items()
+    }
     assert len({r.base_version for r in result.shards}) == 1
     assert sum(r.deletes_applied for r in result.shards) > 0
     assert result.rows_deleted == 0  # the base was empty: the deleted keys had not reached it
@@ -261,6 +279,7 @@ def test_one_commit_merges_every_shard(tmp_path):
 
 
 # ---------------------------------------------------------------- crash matrix
+
 
 @pytest.fixture(scope="module")
 def crash_template(tmp_path_factory):
@@ -283,8 +302,9 @@ def _assert_recovers(uri: str, batches: list[pa.Table]) -> None:
     assert rows_by_key(lance.dataset(uri).to_table()) == oracle_view(batches[:-1])
 
 
-@pytest.mark.parametrize(("mode", "nth"), [("before-commit", 1), ("before-commit", 3),
-                                           ("after-commit", 1), ("after-commit", 3)])
+@pytest.mark.parametrize(
+    ("mode", "nth"), [("before-commit", 1), ("before-commit", 3), ("after-commit", 1), ("after-commit", 3)]
+)
 def test_compaction_killed_before_or_after_a_commit(crash_template, tmp_path, mode, nth):
     template, batches = crash_template
     uri = str(shutil.copytree(template, tmp_path / "t.lance"))

@@ -45,8 +45,10 @@ def test_gc_before_and_after_compaction_keeps_the_view(tmp_path):
     result = table.gc(**EVERYTHING)
     assert result.compacted_generations.count == len(flushed) and result.compacted_generations.bytes > 0
     assert result.base_versions.count > 0 and result.base_versions.bytes > 0
-    assert result.bytes_reclaimed == sum(r.bytes for r in (result.compacted_generations, result.wal_entries,
-                                                          result.orphan_directories, result.base_versions))
+    assert result.bytes_reclaimed == sum(
+        r.bytes
+        for r in (result.compacted_generations, result.wal_entries, result.orphan_directories, result.base_versions)
+    )
     assert _generation_dirs(table) == set()
     assert [v["version"] for v in table.dataset().versions()] == [table.dataset().version]
     # Only entries after the replay position (the unflushed tail) are left, and it is still visible.
@@ -97,9 +99,11 @@ def test_merged_generations_wait_for_the_index_to_catch_up(tmp_path):
 
 def _plant_orphan(table: LsmTable, shard_id: str) -> str:
     """A real SSTable directory no manifest lists (as a fenced flush leaves), with a live-looking row."""
-    fields = [pa.field("id", pa.int64(), nullable=False, metadata={PRIMARY_KEY_METADATA: b"true"}),
-              *[table.schema.field(n) for n in table.schema.names[1:]],
-              pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False)]
+    fields = [
+        pa.field("id", pa.int64(), nullable=False, metadata={PRIMARY_KEY_METADATA: b"true"}),
+        *[table.schema.field(n) for n in table.schema.names[1:]],
+        pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False),
+    ]
     row = {"id": [0], "customer": ["orphan"], "amount": [0.0], "status": ["orphan"], TOMBSTONE_COLUMN: [False]}
     directory = "deadbeef_gen_99"
     lance.write_dataset(pa.table(row, schema=pa.schema(fields)), f"{table.uri}/_mem_wal/{shard_id}/{directory}")
@@ -133,8 +137,11 @@ def test_orphans_are_kept_for_their_grace_period(tmp_path):
 def _wal_positions(table: LsmTable, after_replay: bool = False) -> dict[str, list[int]]:
     """WAL entry positions per shard (only those after the replay position, if asked)."""
     return {
-        s.shard_id: [e.position for e in list_wal_entries(table.storage, s.shard_id)
-                     if not after_replay or e.position > s.replay_after_wal_position]
+        s.shard_id: [
+            e.position
+            for e in list_wal_entries(table.storage, s.shard_id)
+            if not after_replay or e.position > s.replay_after_wal_position
+        ]
         for s in table.shards()
     }
 

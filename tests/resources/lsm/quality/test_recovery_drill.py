@@ -34,8 +34,14 @@ def test_the_drill_kills_a_writer_and_recovers_every_acknowledged_change(make_ta
 def test_expected_change_counts_new_keys_and_live_deletes(make_table):
     table = make_table()
     table.write(pa.table({"id": [1, 2], "name": ["a", "b"], "price": [1.0, 2.0]}))
-    changes = pa.table({"id": [2, 3, 4, 1, 9], "name": ["x"] * 5, "price": [0.0] * 5,
-                        "_op": ["upsert", "upsert", "delete", "delete", "delete"]})
+    changes = pa.table(
+        {
+            "id": [2, 3, 4, 1, 9],
+            "name": ["x"] * 5,
+            "price": [0.0] * 5,
+            "_op": ["upsert", "upsert", "delete", "delete", "delete"],
+        }
+    )
     assert expected_change(table, live_keys(table), changes) == (1, 1)  # 3 inserted; 1 deleted (4, 9 absent)
 
 

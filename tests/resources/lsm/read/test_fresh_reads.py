@@ -23,8 +23,13 @@ def writer_process():
     started: list[subprocess.Popen] = []
 
     def start(uri: str) -> subprocess.Popen:
-        process = subprocess.Popen([sys.executable, "-m", "tests.resources.lsm.read.writer_child", uri],
-                                   cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.resources.lsm.read.writer_child", uri],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         started.append(process)
         return process
 
@@ -43,8 +48,7 @@ def acknowledge(process: subprocess.Popen, op: str, first: int, count: int) -> N
 
 def test_rows_acknowledged_in_another_process_are_read_fresh_and_survive_sigkill(make_table, writer_process):
     table = make_table()
-    table.write(pa.table({"id": pa.array(range(50), pa.int64()), "name": ["parent"] * 50,
-                          "price": [1.0] * 50}))
+    table.write(pa.table({"id": pa.array(range(50), pa.int64()), "name": ["parent"] * 50, "price": [1.0] * 50}))
     table.close()  # a flushed generation under the child's WAL-only rows
     child = writer_process(table.uri)
 
@@ -76,9 +80,11 @@ def test_base_commits_by_another_process_are_seen_by_a_reader_with_warm_caches(m
     table.compact()
     assert table.lookup([3])["name"].to_pylist() == ["before"]  # base index and metadata now cached
 
-    commit = ("import lance, pyarrow as pa, sys; ds = lance.dataset(sys.argv[1]); "
-              "ds.merge_insert('id').when_matched_update_all().execute("
-              "pa.table({'id': pa.array([3], pa.int64()), 'name': ['after'], 'price': [2.0]}).cast(ds.schema))")
+    commit = (
+        "import lance, pyarrow as pa, sys; ds = lance.dataset(sys.argv[1]); "
+        "ds.merge_insert('id').when_matched_update_all().execute("
+        "pa.table({'id': pa.array([3], pa.int64()), 'name': ['after'], 'price': [2.0]}).cast(ds.schema))"
+    )
     subprocess.run([sys.executable, "-c", commit, table.uri], check=True)
     assert table.lookup([3])["name"].to_pylist() == ["after"]
     assert rows_by_key(table.read(fresh=False))[(3,)]["name"] == "after"

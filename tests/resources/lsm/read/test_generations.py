@@ -21,8 +21,14 @@ def _put_and_flush(table, key: int, name: str) -> None:
 
 def _merge_into_base(table, rows: pa.Table, shard_id: str, generation: int) -> None:
     """Stand-in for merge-into-base: data and the compacted marker in one commit."""
-    (table.dataset().merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-     .mark_sstables_as_compacted([CompactedSsTable(shard_id, generation)]).execute(rows))
+    (
+        table.dataset()
+        .merge_insert("id")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .mark_sstables_as_compacted([CompactedSsTable(shard_id, generation)])
+        .execute(rows)
+    )
 
 
 def _names(table, **kwargs) -> list:
@@ -55,11 +61,14 @@ def test_compacted_marker_is_decoded_per_version_and_compacted_generations_are_s
 def _plant_orphan_generation(table, shard_id: str, generation: int, key: int, name: str) -> str:
     """A real SSTable directory that no manifest lists (as a fenced flush leaves)."""
     directory = f"deadbeef_gen_{generation}"
-    schema = pa.schema([
-        pa.field("id", pa.int64(), nullable=False, metadata={PRIMARY_KEY_METADATA: b"true"}),
-        pa.field("name", pa.string()), pa.field("price", pa.float64()),
-        pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False),
-    ])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False, metadata={PRIMARY_KEY_METADATA: b"true"}),
+            pa.field("name", pa.string()),
+            pa.field("price", pa.float64()),
+            pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False),
+        ]
+    )
     rows = pa.table({"id": [key], "name": [name], "price": [9.0], TOMBSTONE_COLUMN: [False]}, schema=schema)
     lance.write_dataset(rows, f"{table.uri}/_mem_wal/{shard_id}/{directory}")
     return directory

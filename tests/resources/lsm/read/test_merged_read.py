@@ -62,19 +62,28 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     assert cache.resolved(snapshot, everything).equals(first)
 
 
-@pytest.mark.parametrize("pending", [
-    [5, 6, 7, 1000],                      # a narrow range: the bitmap
-    [-3, 0, 2, 9],                        # negative keys
-    [-(2**63), 0, 2**63 - 1],             # a range too wide for a bitmap: Arrow's hash set
-    [],
-])
+@pytest.mark.parametrize(
+    "pending",
+    [
+        [5, 6, 7, 1000],  # a narrow range: the bitmap
+        [-3, 0, 2, 9],  # negative keys
+        [-(2**63), 0, 2**63 - 1],  # a range too wide for a bitmap: Arrow's hash set
+        [],
+    ],
+)
 def test_key_filter_drops_exactly_the_pending_keys(pending):
-    base = pa.record_batch({"id": pa.array([-(2**63), -3, -1, 0, 5, 8, 1000, 2**63 - 1, 7], pa.int64()),
-                            "v": pa.array(range(9), pa.int64())})
+    base = pa.record_batch(
+        {
+            "id": pa.array([-(2**63), -3, -1, 0, 5, 8, 1000, 2**63 - 1, 7], pa.int64()),
+            "v": pa.array(range(9), pa.int64()),
+        }
+    )
     keys = pa.table({"id": pa.array(pending, pa.int64())})
     kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
     assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
-    assert kept["v"].to_pylist() == [v for k, v in zip(base["id"].to_pylist(), range(9), strict=True) if k not in pending]
+    assert kept["v"].to_pylist() == [
+        v for k, v in zip(base["id"].to_pylist(), range(9), strict=True) if k not in pending
+    ]
 
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):

@@ -39,8 +39,9 @@ def generation_path(table: LsmTable, shard_id: str, directory: str) -> str:
 
 def put(table: LsmTable, numbers: range, label: str) -> None:
     """Upsert ``id`` = each number (ITEMS_SCHEMA) and flush: one generation per touched shard."""
-    table.write(pa.table({"id": pa.array(numbers, pa.int64()), "name": [label] * len(numbers),
-                          "price": [1.0] * len(numbers)}))
+    table.write(
+        pa.table({"id": pa.array(numbers, pa.int64()), "name": [label] * len(numbers), "price": [1.0] * len(numbers)})
+    )
     table.close()
 
 
@@ -62,7 +63,9 @@ def test_every_key_of_a_generation_passes_its_filter_and_absent_keys_mostly_do_n
                 bloom = SplitBlockBloomFilter(f.read())
             rows = lance.dataset(path).to_table(columns=[*key, TOMBSTONE_COLUMN])
             tombstones += sum(rows[TOMBSTONE_COLUMN].to_pylist())
-            assert all(bloom.might_contain(pk_hash(k, types)) for k in zip(*(rows[c].to_pylist() for c in key), strict=True))
+            assert all(
+                bloom.might_contain(pk_hash(k, types)) for k in zip(*(rows[c].to_pylist() for c in key), strict=True)
+            )
             assert sum(bloom.might_contain(pk_hash(k, types)) for k in absent) < len(absent) * 0.05
     assert tombstones == 150, "deletes are rows of their generation, and their filter admits them"
 

@@ -18,12 +18,16 @@ INDEX = VectorIndex("embedding", num_partitions=8, num_sub_vectors=4)
 
 def rows(ids, vectors: np.ndarray, label: str) -> pa.Table:
     ids = list(ids)
-    return pa.table({
-        "id": pa.array(ids, pa.int64()), "customer": [label] * len(ids), "amount": [float(i) for i in ids],
-        "status": ["new"] * len(ids),
-        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).ravel()), DIM),
-        "description": [f"{label} order {i}" for i in ids],
-    })
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "customer": [label] * len(ids),
+            "amount": [float(i) for i in ids],
+            "status": ["new"] * len(ids),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.astype(np.float32).ravel()), DIM),
+            "description": [f"{label} order {i}" for i in ids],
+        }
+    )
 
 
 def clustered(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -66,8 +70,9 @@ def test_recall_against_brute_force_across_levels(table):
 
 
 def test_returns_only_the_newest_version_of_each_key(table):
-    old_vector = np.stack(table.dataset().to_table(columns=["embedding"], filter="id = 5")["embedding"]
-                          .to_numpy(zero_copy_only=False))[0]
+    old_vector = np.stack(
+        table.dataset().to_table(columns=["embedding"], filter="id = 5")["embedding"].to_numpy(zero_copy_only=False)
+    )[0]
     found = table.search(old_vector, k=20, columns=["id", "customer"])
     assert len(set(found["id"].to_pylist())) == found.num_rows
     current = {r["id"]: r["customer"] for r in table.read(columns=["id", "customer"]).to_pylist()}
@@ -112,8 +117,15 @@ TEXT_SCHEMA = events_schema(with_text=True)
 
 def text_rows(ids, description) -> pa.Table:
     ids = list(ids)
-    return pa.table({"id": pa.array(ids, pa.int64()), "customer": ["c"] * len(ids), "amount": [1.0] * len(ids),
-                     "status": ["new"] * len(ids), "description": [description(i) for i in ids]})
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "customer": ["c"] * len(ids),
+            "amount": [1.0] * len(ids),
+            "status": ["new"] * len(ids),
+            "description": [description(i) for i in ids],
+        }
+    )
 
 
 def inverted_indexes(dataset) -> list[list[str]]:

@@ -22,8 +22,16 @@ def main(uri: str) -> None:
     for line in sys.stdin:
         op, first, count = line.split()
         ids = list(range(int(first), int(first) + int(count)))
-        table.write(pa.table({"id": pa.array(ids, pa.int64()), "name": ["child"] * len(ids),
-                              "price": [float(i) for i in ids], "_op": [op] * len(ids)}))
+        table.write(
+            pa.table(
+                {
+                    "id": pa.array(ids, pa.int64()),
+                    "name": ["child"] * len(ids),
+                    "price": [float(i) for i in ids],
+                    "_op": [op] * len(ids),
+                }
+            )
+        )
         print(f"ack {first}", flush=True)
 
 

@@ -36,8 +36,9 @@ def _mixed_landing(landing: Path, malformed: int = 0) -> list[pa.Table]:
     """CSV, then JSON Lines, then Parquet files over one key space; returns batches in file order."""
     batches = []
     for prefix, fmt, seed in (("a", "csv", 1), ("b", "jsonl", 2), ("c", "parquet", 3)):
-        spec = ChangeStreamSpec(num_keys=150, num_batches=2, batch_size=120, seed=seed,
-                                delete_ratio=0.2, reinsert_ratio=0.1)
+        spec = ChangeStreamSpec(
+            num_keys=150, num_batches=2, batch_size=120, seed=seed, delete_ratio=0.2, reinsert_ratio=0.1
+        )
         batches += write_landing_files(spec, str(landing), fmt, malformed, prefix=prefix)
     return batches
 
@@ -101,10 +102,17 @@ def test_reapplying_unrecorded_files_leaves_the_view_unchanged(spark, make_table
 
 
 def _ingest_process(table_uri: str, landing: Path, quarantine: Path) -> subprocess.Popen:
-    code = ("import sys; from tests.resources.lsm.spark.spark_child import ingest; "
-            f"ingest({table_uri!r}, {str(landing)!r}, {str(quarantine)!r})")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = (
+        "import sys; from tests.resources.lsm.spark.spark_child import ingest; "
+        f"ingest({table_uri!r}, {str(landing)!r}, {str(quarantine)!r})"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _staging_runs(table_uri: str) -> list[str]:
@@ -139,4 +147,5 @@ def test_sigkill_mid_ingestion_then_rerun_equals_the_oracle(spark, make_table, t
     assert reopened.gc(orphan_grace_seconds=0, older_than=None).orphan_directories.count >= 1
     assert _staging_runs(table.uri) == [] and _view(reopened) == replay(batches)
     assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(
-        p.name for p in (tmp_path / "landing").glob("*.parquet"))
+        p.name for p in (tmp_path / "landing").glob("*.parquet")
+    )

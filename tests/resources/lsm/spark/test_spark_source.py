@@ -61,11 +61,14 @@ def test_column_pruning(spark, lsm):
     assert spark_rows(by_schema) == rows_by_key(lsm.read(columns=["id", "price"]))
 
 
-@pytest.mark.parametrize("spark_filter, lance_filter", [
-    ("price >= 150 AND price < 230", "price >= 150 AND price < 230"),
-    ("name = 'base' AND id IN (5, 25, 120, 400)", "name = 'base' AND id IN (5, 25, 120, 400)"),
-    ("NOT name LIKE 'ta%'", "NOT name LIKE 'ta%'"),
-])
+@pytest.mark.parametrize(
+    "spark_filter, lance_filter",
+    [
+        ("price >= 150 AND price < 230", "price >= 150 AND price < 230"),
+        ("name = 'base' AND id IN (5, 25, 120, 400)", "name = 'base' AND id IN (5, 25, 120, 400)"),
+        ("NOT name LIKE 'ta%'", "NOT name LIKE 'ta%'"),
+    ],
+)
 def test_pushed_filters_apply_to_the_newest_version(spark, lsm, spark_filter, lance_filter):
     df = spark.read.format("lance_lsm").load(lsm.uri).filter(spark_filter)
     assert spark_rows(df) == rows_by_key(lsm.read(filter=lance_filter))

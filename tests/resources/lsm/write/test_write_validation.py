@@ -11,21 +11,24 @@ GOOD = {"id": [1, 2], "name": ["a", "b"], "price": [1.0, 2.0]}
 
 
 def _nothing_written(table) -> bool:
-    return table.count() == 0 and all(
-        s.writer_epoch == 0 and s.unflushed_wal_entries == 0 for s in table.shards()
-    )
+    return table.count() == 0 and all(s.writer_epoch == 0 and s.unflushed_wal_entries == 0 for s in table.shards())
 
 
-@pytest.mark.parametrize("batch, message", [
-    (pa.table({"id": pa.array([1, None], pa.int64()), "name": ["a", "b"], "price": [1.0, 2.0]}),
-     "row 1: primary-key column 'id' is null"),
-    (pa.table({"id": ["1", "two"], "name": ["a", "b"], "price": [1.0, 2.0]}),
-     "row 1: id='two' is not a valid int64"),
-    (pa.table({**GOOD, "_op": ["upsert", "merge"]}),
-     "row 1: _op='merge' is not one of ['upsert', 'delete']"),
-    (pa.table({**GOOD, "_seq": pa.array([1, None], pa.int64())}),
-     "row 1: _seq is null"),
-])
+@pytest.mark.parametrize(
+    "batch, message",
+    [
+        (
+            pa.table({"id": pa.array([1, None], pa.int64()), "name": ["a", "b"], "price": [1.0, 2.0]}),
+            "row 1: primary-key column 'id' is null",
+        ),
+        (
+            pa.table({"id": ["1", "two"], "name": ["a", "b"], "price": [1.0, 2.0]}),
+            "row 1: id='two' is not a valid int64",
+        ),
+        (pa.table({**GOOD, "_op": ["upsert", "merge"]}), "row 1: _op='merge' is not one of ['upsert', 'delete']"),
+        (pa.table({**GOOD, "_seq": pa.array([1, None], pa.int64())}), "row 1: _seq is null"),
+    ],
+)
 def test_invalid_rows_refuse_the_whole_write(make_table, batch, message):
     table = make_table()
     with pytest.raises(InvalidChangesError, match=r"1 of 2 rows are invalid") as raised:
@@ -65,8 +68,9 @@ def test_delete_needs_only_the_key_and_missing_keys_are_noops(make_table):
 def test_pandas_input_and_highest_seq_wins(make_table):
     pd = pytest.importorskip("pandas")
     table = make_table()
-    frame = pd.DataFrame({"id": [5, 5, 5], "name": ["new", "newest", "old"], "price": [1.0, 2.0, 0.0],
-                          "_seq": [2, 3, 1]})
+    frame = pd.DataFrame(
+        {"id": [5, 5, 5], "name": ["new", "newest", "old"], "price": [1.0, 2.0, 0.0], "_seq": [2, 3, 1]}
+    )
     result = table.write(frame)
     assert result.upserts == 1
     assert table.lookup([5]).to_pylist() == [{"id": 5, "name": "newest", "price": 2.0}]
@@ -78,9 +82,14 @@ def test_shard_ordered_writes_keep_the_last_change_per_key_and_refuse_other_shar
     buckets = table.buckets(keys)
     mine = [k for k, b in zip(range(20), buckets, strict=True) if b == 0]
     first, second = mine[0], mine[1]
-    ordered = pa.table({"id": pa.array([first, second, first, second], pa.int64()),
-                        "name": ["old", "gone", "new", None], "price": [1.0, 2.0, 3.0, None],
-                        "_op": ["upsert", "upsert", "upsert", "delete"]})
+    ordered = pa.table(
+        {
+            "id": pa.array([first, second, first, second], pa.int64()),
+            "name": ["old", "gone", "new", None],
+            "price": [1.0, 2.0, 3.0, None],
+            "_op": ["upsert", "upsert", "upsert", "delete"],
+        }
+    )
 
     written = table.write_shard_ordered(table.shard_ids[0], ordered)
     assert (written.upserts, written.deletes) == (1, 1)
@@ -88,5 +97,6 @@ def test_shard_ordered_writes_keep_the_last_change_per_key_and_refuse_other_shar
 
     theirs = next(k for k, b in zip(range(20), buckets, strict=True) if b == 1)
     with pytest.raises(ValueError, match="got rows of other shards"):
-        table.write_shard_ordered(table.shard_ids[0], ordered.slice(0, 1).set_column(
-            0, "id", pa.array([theirs], pa.int64())))
+        table.write_shard_ordered(
+            table.shard_ids[0], ordered.slice(0, 1).set_column(0, "id", pa.array([theirs], pa.int64()))
+        )
