@@ -28,49 +28,80 @@ def _assets(*names: str) -> AssetSelection:
 
 
 ingest_job = define_asset_job(
-    "ingest_job", selection=_assets("ingested_changes"), tags=WRITER_TAGS, executor_def=in_process_executor,
-    description="Ingest every pending landing file with Spark (executors write through shard writers).")
+    "ingest_job",
+    selection=_assets("ingested_changes"),
+    tags=WRITER_TAGS,
+    executor_def=in_process_executor,
+    description="Ingest every pending landing file with Spark (executors write through shard writers).",
+)
 
 
-@job(tags=WRITER_TAGS, executor_def=in_process_executor,
-     description="Long-running ingestion: keeps region writers open and ingests landing files as "
-                 "they arrive until the run is terminated, then flushes and closes the writers.")
+@job(
+    tags=WRITER_TAGS,
+    executor_def=in_process_executor,
+    description="Long-running ingestion: keeps region writers open and ingests landing files as "
+    "they arrive until the run is terminated, then flushes and closes the writers.",
+)
 def continuous_ingest_job() -> None:
     ingest_continuously()
 
 
 flush_job = define_asset_job(
-    "flush_job", selection=_assets("flushed_generations"), tags={MAINTENANCE_TAG: "flush"},
+    "flush_job",
+    selection=_assets("flushed_generations"),
+    tags={MAINTENANCE_TAG: "flush"},
     executor_def=in_process_executor,
     description="Flush shards' unflushed WAL into generations (all shards, or config `shards`; "
-                "skips shards with live writers).")
+    "skips shards with live writers).",
+)
 
 merge_job = define_asset_job(
-    "merge_job", selection=_assets("merged_base"), tags={MAINTENANCE_TAG: "merge"},
+    "merge_job",
+    selection=_assets("merged_base"),
+    tags={MAINTENANCE_TAG: "merge"},
     executor_def=in_process_executor,
     description="Merge shards' flushed generations into the base table (all shards, or config `shards`), "
-                "after the merge guards passed.")
+    "after the merge guards passed.",
+)
 
 gc_job = define_asset_job(
-    "gc_job", selection=_assets("garbage_collected"), executor_def=in_process_executor,
-    description="Delete merged generations, consumed WAL, old orphans and old base versions.")
+    "gc_job",
+    selection=_assets("garbage_collected"),
+    executor_def=in_process_executor,
+    description="Delete merged generations, consumed WAL, old orphans and old base versions.",
+)
 
 quality_job = define_asset_job(
-    "quality_job", selection=AssetSelection.checks(*all_checks), executor_def=in_process_executor,
+    "quality_job",
+    selection=AssetSelection.checks(*all_checks),
+    executor_def=in_process_executor,
     description="Primary-key uniqueness and non-null (base and merged view), schema conformance, "
-                "WAL-replay recovery per shard, row-count reconciliation and a SIGKILL recovery drill.")
+    "WAL-replay recovery per shard, row-count reconciliation and a SIGKILL recovery drill.",
+)
 
 demo_job = define_asset_job(
     "demo_job",
-    selection=_assets("landing_changes", "ingested_changes", "flushed_generations", "merged_base",
-                      "garbage_collected", "table_summary"),
-    tags=WRITER_TAGS, executor_def=in_process_executor,
-    config={"ops": {
-        "flushed_generations": {"config": {"idle_seconds": 0}},
-        "garbage_collected": {"config": {"orphan_grace_seconds": 0, "wal_grace_seconds": 0,
-                                         "version_retention_hours": 0}}}},
+    selection=_assets(
+        "landing_changes",
+        "ingested_changes",
+        "flushed_generations",
+        "merged_base",
+        "garbage_collected",
+        "table_summary",
+    ),
+    tags=WRITER_TAGS,
+    executor_def=in_process_executor,
+    config={
+        "ops": {
+            "flushed_generations": {"config": {"idle_seconds": 0}},
+            "garbage_collected": {
+                "config": {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}
+            },
+        }
+    },
     description="End to end on the default table: generate a change stream, ingest it with Spark, "
-                "flush, merge into the base (after the merge guards), collect garbage, and summarize "
-                "the merged view.")
+    "flush, merge into the base (after the merge guards), collect garbage, and summarize "
+    "the merged view.",
+)
 
 all_jobs = [ingest_job, continuous_ingest_job, flush_job, merge_job, gc_job, quality_job, demo_job]

@@ -22,9 +22,18 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dagster import (AssetCheckEvaluation, AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity,
-                     AssetChecksDefinition, AssetExecutionContext, AssetKey, Config, Failure, MetadataValue,
-                     asset_check)
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    Config,
+    Failure,
+    MetadataValue,
+    asset_check,
+)
 from pydantic import Field
 
 from resources.gx_resource import GreatExpectationsResource
@@ -39,6 +48,7 @@ MERGED = AssetKey("merged_base")
 
 
 # ------------------------------------------------------------ primary keys
+
 
 @dataclass(frozen=True)
 class KeyCheck:
@@ -64,26 +74,55 @@ class KeyCheck:
 
 
 KEY_CHECKS = [
-    KeyCheck("merged_view_primary_key_unique", INGESTED, "merged_view", "keys_unique",
-             "Every primary key (single or composite) occurs exactly once in the merged view "
-             "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables."),
-    KeyCheck("merged_view_primary_key_not_null", INGESTED, "merged_view", "keys_not_null",
-             "No primary-key column of the merged view holds a null (GX not-null expectation)."),
-    KeyCheck("base_primary_key_unique", FLUSHED, "base", "keys_unique",
-             "Every primary key occurs exactly once in the base table, before generations are merged into it "
-             "(GX; Spark reads the base fragments when the table is large)."),
-    KeyCheck("base_primary_key_not_null", FLUSHED, "base", "keys_not_null",
-             "No primary-key column of the base table holds a null (GX not-null expectation)."),
+    KeyCheck(
+        "merged_view_primary_key_unique",
+        INGESTED,
+        "merged_view",
+        "keys_unique",
+        "Every primary key (single or composite) occurs exactly once in the merged view "
+        "(base + pending generations + WAL tail). GX uniqueness expectation; Spark for large tables.",
+    ),
+    KeyCheck(
+        "merged_view_primary_key_not_null",
+        INGESTED,
+        "merged_view",
+        "keys_not_null",
+        "No primary-key column of the merged view holds a null (GX not-null expectation).",
+    ),
+    KeyCheck(
+        "base_primary_key_unique",
+        FLUSHED,
+        "base",
+        "keys_unique",
+        "Every primary key occurs exactly once in the base table, before generations are merged into it "
+        "(GX; Spark reads the base fragments when the table is large).",
+    ),
+    KeyCheck(
+        "base_primary_key_not_null",
+        FLUSHED,
+        "base",
+        "keys_not_null",
+        "No primary-key column of the base table holds a null (GX not-null expectation).",
+    ),
 ]
 
-(merged_view_primary_key_unique, merged_view_primary_key_not_null,
- base_primary_key_unique, base_primary_key_not_null) = (check.definition() for check in KEY_CHECKS)
+(
+    merged_view_primary_key_unique,
+    merged_view_primary_key_not_null,
+    base_primary_key_unique,
+    base_primary_key_not_null,
+) = (check.definition() for check in KEY_CHECKS)
 
 
-@asset_check(asset=INGESTED, blocking=True, description=(
-    "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
-    "the merged view has the table's columns in order (GX); every pending generation and unflushed "
-    "WAL entry has the table's columns and types plus _tombstone."))
+@asset_check(
+    asset=INGESTED,
+    blocking=True,
+    description=(
+        "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
+        "the merged view has the table's columns in order (GX); every pending generation and unflushed "
+        "WAL entry has the table's columns and types plus _tombstone."
+    ),
+)
 def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
     from resources.lsm.quality.recovery_checks import verify_shards
 
@@ -91,16 +130,20 @@ def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) 
     problems = _key_problems(table)
     columns = table.schema.names
     levels = [f.message for s in verify_shards(table) for f in s.errors if "columns" in f.message]
-    metadata = {"columns": MetadataValue.json(columns),
-                "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
-                "primary_key": MetadataValue.json(table.primary_key),
-                "key_problems": MetadataValue.json(problems), "level_problems": MetadataValue.json(levels)}
+    metadata = {
+        "columns": MetadataValue.json(columns),
+        "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
+        "primary_key": MetadataValue.json(table.primary_key),
+        "key_problems": MetadataValue.json(problems),
+        "level_problems": MetadataValue.json(levels),
+    }
     try:
         outcome = gx.columns_match(gx.merged_view_frame(table, columns), columns)
     except (ValueError, OSError) as error:  # a level that does not conform can make the view unreadable
         return AssetCheckResult(passed=False, metadata={**metadata, "merged_view_error": str(error)})
-    return AssetCheckResult(passed=outcome.success and not problems and not levels,
-                            metadata={**outcome.metadata(), **metadata})
+    return AssetCheckResult(
+        passed=outcome.success and not problems and not levels, metadata={**outcome.metadata(), **metadata}
+    )
 
 
 def _key_problems(table: "LsmTable") -> list[str]:
@@ -108,18 +151,28 @@ def _key_problems(table: "LsmTable") -> list[str]:
     from resources.lsm.format.schema import primary_key_of
 
     declared = primary_key_of(table.schema)
-    problems = [] if declared == table.primary_key else [
-        f"fields with primary-key metadata {declared} differ from the table's key {table.primary_key}"]
-    return problems + [f"key column {name!r} is nullable" for name in table.primary_key
-                       if table.schema.field(name).nullable]
+    problems = (
+        []
+        if declared == table.primary_key
+        else [f"fields with primary-key metadata {declared} differ from the table's key {table.primary_key}"]
+    )
+    return problems + [
+        f"key column {name!r} is nullable" for name in table.primary_key if table.schema.field(name).nullable
+    ]
 
 
 # ------------------------------------------------------------ shard state
 
-@asset_check(asset=FLUSHED, blocking=True, description=(
-    "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation above "
-    "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
-    "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."))
+
+@asset_check(
+    asset=FLUSHED,
+    blocking=True,
+    description=(
+        "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation above "
+        "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
+        "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."
+    ),
+)
 def shards_recoverable(lsm_table: LsmTableResource) -> AssetCheckResult:
     return _recoverable(lsm_table.open())
 
@@ -140,13 +193,19 @@ def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCh
             "wal_entries_verified": sum(s.wal_entries_verified for s in shards),
             "rows_to_replay": sum(s.wal_rows for s in shards),
             "orphan_directories": sum(len(s.orphan_directories) for s in shards),
-            "findings": MetadataValue.json([
-                {"bucket": s.bucket, "check": f.check, "severity": f.severity.value, "message": f.message}
-                for s in shards for f in s.findings]),
-        })
+            "findings": MetadataValue.json(
+                [
+                    {"bucket": s.bucket, "check": f.check, "severity": f.severity.value, "message": f.message}
+                    for s in shards
+                    for f in s.findings
+                ]
+            ),
+        },
+    )
 
 
 # --------------------------------------------------- probes on a scratch copy
+
 
 class ScratchConfig(Config):
     scratch_dir: str | None = Field(default=None, description="Where to copy the table (default: a temp dir).")
@@ -161,9 +220,13 @@ class DrillCheckConfig(ScratchConfig):
     batches_per_generation: int = Field(default=3, description="Batches between the writer's flushes.")
 
 
-@asset_check(asset=MERGED, description=(
-    "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
-    "when a generated change batch is ingested, and does not change when it is flushed and merged."))
+@asset_check(
+    asset=MERGED,
+    description=(
+        "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
+        "when a generated change batch is ingested, and does not change when it is flushed and merged."
+    ),
+)
 def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
     from resources.lsm.quality.reconciliation import probe_reconciliation
     from resources.lsm.quality.scratch import scratch_copy
@@ -173,45 +236,74 @@ def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> 
         steps = probe_reconciliation(scratch_copy(lsm_table.open(), f"{scratch}/table.lance"), seed=seed)
     metadata = {"seed": seed}
     for step in steps:
-        metadata.update({f"{step.step}_rows_before": step.rows_before, f"{step.step}_rows_after": step.rows_after,
-                         f"{step.step}_expected_change": step.expected_change,
-                         f"{step.step}_actual_change": step.actual_change})
+        metadata.update(
+            {
+                f"{step.step}_rows_before": step.rows_before,
+                f"{step.step}_rows_after": step.rows_after,
+                f"{step.step}_expected_change": step.expected_change,
+                f"{step.step}_actual_change": step.actual_change,
+            }
+        )
     return AssetCheckResult(passed=all(s.passed for s in steps), metadata=metadata)
 
 
-@asset_check(asset=MERGED, description=(
-    "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
-    "replayed, flushed and merged across at least three generations; every acknowledged change is present "
-    "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."))
+@asset_check(
+    asset=MERGED,
+    description=(
+        "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
+        "replayed, flushed and merged across at least three generations; every acknowledged change is present "
+        "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."
+    ),
+)
 def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
     from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
 
-    drill = DrillConfig(batches=config.batches, batch_size=config.batch_size,
-                        batches_per_generation=config.batches_per_generation, seed=_seed(config.seed))
+    drill = DrillConfig(
+        batches=config.batches,
+        batch_size=config.batch_size,
+        batches_per_generation=config.batches_per_generation,
+        seed=_seed(config.seed),
+    )
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
         report = run_drill(lsm_table.open(), scratch, drill)
-    return AssetCheckResult(passed=report.passed, metadata={
-        "seed": report.seed, "killed": report.killed, "killed_after_s": report.killed_after_seconds,
-        "batches_acknowledged": report.batches_acknowledged, "batches_total": report.batches_total,
-        "in_flight_batch": -1 if report.in_flight_batch is None else report.in_flight_batch,
-        "in_flight_keys_applied": report.in_flight_keys_applied, "rows_replayed": report.rows_replayed,
-        "batches_only_in_wal": report.batches_only_in_wal,
-        "generations_merged": report.generations_merged, "keys_verified": report.keys_verified,
-        "deleted_keys_verified": report.deleted_keys_verified,
-        "rows_before": report.rows_before, "rows_after": report.rows_after,
-        "verdict": "passed" if report.passed else "failed",
-        "findings_before_recovery": MetadataValue.json(list(report.findings_before_recovery)),
-        "violations": MetadataValue.json(list(report.violations[:50])),
-    })
+    return AssetCheckResult(
+        passed=report.passed,
+        metadata={
+            "seed": report.seed,
+            "killed": report.killed,
+            "killed_after_s": report.killed_after_seconds,
+            "batches_acknowledged": report.batches_acknowledged,
+            "batches_total": report.batches_total,
+            "in_flight_batch": -1 if report.in_flight_batch is None else report.in_flight_batch,
+            "in_flight_keys_applied": report.in_flight_keys_applied,
+            "rows_replayed": report.rows_replayed,
+            "batches_only_in_wal": report.batches_only_in_wal,
+            "generations_merged": report.generations_merged,
+            "keys_verified": report.keys_verified,
+            "deleted_keys_verified": report.deleted_keys_verified,
+            "rows_before": report.rows_before,
+            "rows_after": report.rows_after,
+            "verdict": "passed" if report.passed else "failed",
+            "findings_before_recovery": MetadataValue.json(list(report.findings_before_recovery)),
+            "violations": MetadataValue.json(list(report.violations[:50])),
+        },
+    )
 
 
 def _seed(seed: int | None) -> int:
     return secrets.randbelow(2**31) if seed is None else seed
 
 
-all_checks = [merged_view_primary_key_unique, merged_view_primary_key_not_null, schema_conforms,
-              base_primary_key_unique, base_primary_key_not_null, shards_recoverable,
-              row_count_reconciles, recovery_drill]
+all_checks = [
+    merged_view_primary_key_unique,
+    merged_view_primary_key_not_null,
+    schema_conforms,
+    base_primary_key_unique,
+    base_primary_key_not_null,
+    shards_recoverable,
+    row_count_reconciles,
+    recovery_drill,
+]
 
 
 # ------------------------------------------------------------- merge guards
@@ -220,8 +312,9 @@ MERGE_GUARDS = ("base_primary_key_unique", "base_primary_key_not_null", "shards_
 """Blocking checks that must pass before a merge into the base."""
 
 
-def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", gx: GreatExpectationsResource,
-                         buckets: list[int] | None) -> None:
+def enforce_merge_guards(
+    context: AssetExecutionContext, table: "LsmTable", gx: GreatExpectationsResource, buckets: list[int] | None
+) -> None:
     """Evaluate the :data:`MERGE_GUARDS` (recovery of ``buckets`` only) and record them on ``flushed_generations``.
 
     They show in the UI like any other evaluation of those checks.
@@ -234,9 +327,19 @@ def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", gx: 
     results = {check.name: check.evaluate(table, gx) for check in KEY_CHECKS if check.name in MERGE_GUARDS}
     results["shards_recoverable"] = _recoverable(table, buckets)
     for name, result in results.items():
-        context.log_event(AssetCheckEvaluation(asset_key=FLUSHED, check_name=name, passed=result.passed,
-                                               metadata=result.metadata, severity=result.severity, blocking=True))
+        context.log_event(
+            AssetCheckEvaluation(
+                asset_key=FLUSHED,
+                check_name=name,
+                passed=result.passed,
+                metadata=result.metadata,
+                severity=result.severity,
+                blocking=True,
+            )
+        )
     failed = sorted(name for name, result in results.items() if not result.passed)
     if failed:
-        raise Failure(description=f"merge guards failed: {', '.join(failed)}; nothing was merged "
-                                  "(see the check evaluations on flushed_generations)")
+        raise Failure(
+            description=f"merge guards failed: {', '.join(failed)}; nothing was merged "
+            "(see the check evaluations on flushed_generations)"
+        )

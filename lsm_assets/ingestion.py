@@ -32,18 +32,27 @@ class LandingChangesConfig(Config):
 
 class IngestConfig(Config):
     landing_dir: str = Field(default_factory=landing_dir, description="Landing files (env LSM_LANDING_DIR).")
-    quarantine_dir: str = Field(default_factory=quarantine_dir,
-                                description="Rejected rows (env LSM_QUARANTINE_DIR).")
-    stop_generations: int = Field(default=BackpressurePolicy.stop_generations, description=(
-        "Backpressure: stop ingesting while a shard has this many generations awaiting merge."))
-    backpressure: str = Field(default=BackpressurePolicy.mode,
-                              description="'wait' for merges to catch up, or 'fail' fast.")
-    max_wait_seconds: float = Field(default=BackpressurePolicy.max_wait_seconds,
-                                    description="Longest backpressure wait before failing.")
-    landing_retention: str = Field(default="archive", description=(
-        "What happens to a landing file once its rows are durable and it is recorded: 'archive' (moved to "
-        "_archive/ in the landing directory), 'delete', or 'keep'."))
-    archive_max_age_hours: float = Field(default=168.0, description="Archived landing files older than this are deleted.")
+    quarantine_dir: str = Field(default_factory=quarantine_dir, description="Rejected rows (env LSM_QUARANTINE_DIR).")
+    stop_generations: int = Field(
+        default=BackpressurePolicy.stop_generations,
+        description=("Backpressure: stop ingesting while a shard has this many generations awaiting merge."),
+    )
+    backpressure: str = Field(
+        default=BackpressurePolicy.mode, description="'wait' for merges to catch up, or 'fail' fast."
+    )
+    max_wait_seconds: float = Field(
+        default=BackpressurePolicy.max_wait_seconds, description="Longest backpressure wait before failing."
+    )
+    landing_retention: str = Field(
+        default="archive",
+        description=(
+            "What happens to a landing file once its rows are durable and it is recorded: 'archive' (moved to "
+            "_archive/ in the landing directory), 'delete', or 'keep'."
+        ),
+    )
+    archive_max_age_hours: float = Field(
+        default=168.0, description="Archived landing files older than this are deleted."
+    )
 
     def backpressure_policy(self) -> BackpressurePolicy:
         if self.backpressure not in ("wait", "fail"):
@@ -55,20 +64,35 @@ def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) 
     """Write the configured change stream into the landing directory; return its metadata."""
     from resources.lsm.testing.changegen import ChangeStreamSpec, write_landing_files
 
-    spec = ChangeStreamSpec(num_keys=config.num_keys, num_batches=config.num_batches,
-                            batch_size=config.batch_size, update_ratio=config.update_ratio,
-                            delete_ratio=config.delete_ratio, reinsert_ratio=config.reinsert_ratio,
-                            seed=config.seed)
+    spec = ChangeStreamSpec(
+        num_keys=config.num_keys,
+        num_batches=config.num_batches,
+        batch_size=config.batch_size,
+        update_ratio=config.update_ratio,
+        delete_ratio=config.delete_ratio,
+        reinsert_ratio=config.reinsert_ratio,
+        seed=config.seed,
+    )
     prefix = f"changes-{time.time_ns()}"
     batches = write_landing_files(spec, landing_dir(), config.file_format, config.malformed_rows, prefix)
     rows = sum(b.num_rows for b in batches)
     context.log.info(f"wrote {len(batches)} {config.file_format} files ({rows} rows) to {landing_dir()}")
-    return {"files": len(batches), "rows": rows, "malformed_rows": config.malformed_rows * len(batches),
-            "landing_dir": MetadataValue.path(landing_dir())}
+    return {
+        "files": len(batches),
+        "rows": rows,
+        "malformed_rows": config.malformed_rows * len(batches),
+        "landing_dir": MetadataValue.path(landing_dir()),
+    }
 
 
-def ingest(context: AssetExecutionContext | OpExecutionContext, config: IngestConfig, spark: "SparkSession",
-           table: "LsmTable", max_files: int | None = None, writers: "LsmTable | None" = None) -> dict[str, Any]:
+def ingest(
+    context: AssetExecutionContext | OpExecutionContext,
+    config: IngestConfig,
+    spark: "SparkSession",
+    table: "LsmTable",
+    max_files: int | None = None,
+    writers: "LsmTable | None" = None,
+) -> dict[str, Any]:
     """Ingest pending landing files with Spark after backpressure; log per shard and return the metadata.
 
     The metadata is empty when no file was pending.
@@ -85,9 +109,16 @@ def ingest(context: AssetExecutionContext | OpExecutionContext, config: IngestCo
     if config.landing_retention not in ("archive", "delete", "keep"):
         raise ValueError(f"landing_retention must be 'archive', 'delete' or 'keep', not {config.landing_retention!r}")
     retention = LandingRetention(config.landing_retention, config.archive_max_age_hours * 3600)  # type: ignore[arg-type]
-    report = ingest_landing_files(spark, table.uri, config.landing_dir, config.quarantine_dir,
-                                  run_id=context.run.run_id, writers=writers, max_files=max_files,
-                                  retention=retention)
+    report = ingest_landing_files(
+        spark,
+        table.uri,
+        config.landing_dir,
+        config.quarantine_dir,
+        run_id=context.run.run_id,
+        writers=writers,
+        max_files=max_files,
+        retention=retention,
+    )
     if not report.files:
         return {}
     log_report(context, report, table.shard_ids)
@@ -102,8 +133,9 @@ def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig
 
 
 @asset(group_name="ingestion", deps=[landing_changes], kinds={"spark", "lance"})
-def ingested_changes(context: AssetExecutionContext, config: IngestConfig, spark: SparkResource,
-                     lsm_table: LsmTableResource) -> MaterializeResult:
+def ingested_changes(
+    context: AssetExecutionContext, config: IngestConfig, spark: SparkResource, lsm_table: LsmTableResource
+) -> MaterializeResult:
     """Every pending landing file, validated, routed by Lance's hash and made durable in
     the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
     file, row and reason; a file is recorded as ingested only after its rows are durable."""
@@ -113,15 +145,20 @@ def ingested_changes(context: AssetExecutionContext, config: IngestConfig, spark
     return MaterializeResult(metadata=metadata or {"files": 0})
 
 
-def log_report(context: AssetExecutionContext | OpExecutionContext, report: "IngestReport",
-               shard_ids: list[str]) -> None:
+def log_report(
+    context: AssetExecutionContext | OpExecutionContext, report: "IngestReport", shard_ids: list[str]
+) -> None:
     """One line per shard plus a summary: progress an operator can follow."""
     bucket = {s: b for b, s in enumerate(shard_ids)}
     for shard in sorted(report.shards, key=lambda s: bucket[s.shard_id]):
-        context.log.info(f"shard {bucket[shard.shard_id]}: {shard.upserts} upserts, {shard.deletes} deletes, "
-                         f"{shard.wal_bytes} WAL bytes in {shard.write_seconds:.2f}s")
-    context.log.info(f"{len(report.files)} files, {report.rows_read} rows read, {report.rows_quarantined} "
-                     f"quarantined, {report.rows_per_second:,.0f} rows/s")
+        context.log.info(
+            f"shard {bucket[shard.shard_id]}: {shard.upserts} upserts, {shard.deletes} deletes, "
+            f"{shard.wal_bytes} WAL bytes in {shard.write_seconds:.2f}s"
+        )
+    context.log.info(
+        f"{len(report.files)} files, {report.rows_read} rows read, {report.rows_quarantined} "
+        f"quarantined, {report.rows_per_second:,.0f} rows/s"
+    )
 
 
 def report_metadata(report: "IngestReport", shard_ids: list[str]) -> dict[str, Any]:

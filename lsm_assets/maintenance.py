@@ -27,25 +27,33 @@ if TYPE_CHECKING:
 
 
 class ShardsConfig(Config):
-    shards: list[int] | None = Field(default=None, description=(
-        "Buckets to work on (default: every shard of the table). The sensors name the shards that need it."))
+    shards: list[int] | None = Field(
+        default=None,
+        description=(
+            "Buckets to work on (default: every shard of the table). The sensors name the shards that need it."
+        ),
+    )
 
 
 class FlushConfig(ShardsConfig):
-    idle_seconds: float = Field(default=30.0, description=(
-        "Skip a shard whose WAL was written this recently: a writer may be live."))
+    idle_seconds: float = Field(
+        default=30.0, description=("Skip a shard whose WAL was written this recently: a writer may be live.")
+    )
 
 
 class MergeConfig(ShardsConfig):
-    max_rows_per_pass: int = Field(default=DEFAULT_MAX_ROWS_PER_PASS,
-                                   description="Rows read from generations per merge commit.")
+    max_rows_per_pass: int = Field(
+        default=DEFAULT_MAX_ROWS_PER_PASS, description="Rows read from generations per merge commit."
+    )
 
 
 class GcConfig(Config):
-    orphan_grace_seconds: float = Field(default=DEFAULT_GRACE_SECONDS,
-                                        description="Keep orphan generation directories younger than this.")
-    wal_grace_seconds: float = Field(default=DEFAULT_GRACE_SECONDS,
-                                     description="Keep consumed WAL entries younger than this.")
+    orphan_grace_seconds: float = Field(
+        default=DEFAULT_GRACE_SECONDS, description="Keep orphan generation directories younger than this."
+    )
+    wal_grace_seconds: float = Field(
+        default=DEFAULT_GRACE_SECONDS, description="Keep consumed WAL entries younger than this."
+    )
     version_retention_hours: float = Field(default=1.0, description="Keep base versions newer than this.")
 
 
@@ -66,12 +74,15 @@ def selected_shards(table: "LsmTable", buckets: list[int] | None) -> list["Shard
 
 def shard_metadata(per_shard: dict[int, dict[str, float]], totals: dict[str, Any]) -> dict[str, Any]:
     """``totals`` plus every per-shard number as ``shard_<bucket>_<name>``."""
-    return {**totals, "shards": len(per_shard),
-            **{f"shard_{b}_{name}": value for b, numbers in sorted(per_shard.items())
-               for name, value in numbers.items()}}
+    return {
+        **totals,
+        "shards": len(per_shard),
+        **{f"shard_{b}_{name}": value for b, numbers in sorted(per_shard.items()) for name, value in numbers.items()},
+    }
 
 
 # ------------------------------------------------------------------------- flush
+
 
 def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: FlushConfig) -> dict[str, Any]:
     """Flush each selected shard's unflushed WAL into a generation unless a writer may be live."""
@@ -84,26 +95,36 @@ def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: Flus
         if live_runs:
             context.log.info(f"shard {state.bucket}: skipped, writer runs in progress: {live_runs}")
         elif last_write_age is not None and last_write_age < config.idle_seconds:
-            context.log.info(f"shard {state.bucket}: skipped, WAL written {last_write_age:.1f}s ago "
-                             "(writer may be live)")
+            context.log.info(
+                f"shard {state.bucket}: skipped, WAL written {last_write_age:.1f}s ago (writer may be live)"
+            )
         else:
             table.flush(state.shard_id)
-            context.log.info(f"shard {state.bucket}: flushed {state.unflushed_wal_entries} WAL entries "
-                             f"({state.unflushed_wal_bytes} bytes) into a new generation")
-            flushed[state.bucket] = {"wal_entries_flushed": state.unflushed_wal_entries,
-                                     "wal_bytes_flushed": state.unflushed_wal_bytes}
+            context.log.info(
+                f"shard {state.bucket}: flushed {state.unflushed_wal_entries} WAL entries "
+                f"({state.unflushed_wal_bytes} bytes) into a new generation"
+            )
+            flushed[state.bucket] = {
+                "wal_entries_flushed": state.unflushed_wal_entries,
+                "wal_bytes_flushed": state.unflushed_wal_bytes,
+            }
     after = {s.bucket: s for s in selected_shards(table, config.shards)}
-    per_shard = {b: {"flushed": int(b in flushed), **flushed.get(b, {"wal_entries_flushed": 0,
-                                                                        "wal_bytes_flushed": 0}),
-                     "unflushed_wal_entries": s.unflushed_wal_entries,
-                     "pending_generations": len(s.pending_generations)}
-                 for b, s in after.items()}
+    per_shard = {
+        b: {
+            "flushed": int(b in flushed),
+            **flushed.get(b, {"wal_entries_flushed": 0, "wal_bytes_flushed": 0}),
+            "unflushed_wal_entries": s.unflushed_wal_entries,
+            "pending_generations": len(s.pending_generations),
+        }
+        for b, s in after.items()
+    }
     return shard_metadata(per_shard, _sums(per_shard))
 
 
 @asset(group_name="maintenance", deps=[ingested_changes], kinds={"lance"})
-def flushed_generations(context: AssetExecutionContext, config: FlushConfig,
-                        lsm_table: LsmTableResource) -> MaterializeResult:
+def flushed_generations(
+    context: AssetExecutionContext, config: FlushConfig, lsm_table: LsmTableResource
+) -> MaterializeResult:
     """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
     a new writer and flushed into a generation. Shards with a live writer are skipped."""
     return MaterializeResult(metadata=flush_shards(context, lsm_table.open(), config))
@@ -111,8 +132,10 @@ def flushed_generations(context: AssetExecutionContext, config: FlushConfig,
 
 # ------------------------------------------------------------------------- merge
 
-def merge_shards(context: AssetExecutionContext, table: "LsmTable", shards: list["ShardState"],
-                 max_rows_per_pass: int) -> dict[str, Any]:
+
+def merge_shards(
+    context: AssetExecutionContext, table: "LsmTable", shards: list["ShardState"], max_rows_per_pass: int
+) -> dict[str, Any]:
     """Merge ``shards``' pending generations into the base in one ``compact`` call.
 
     Each commit carries every shard it merges, so the base is joined against
@@ -125,14 +148,18 @@ def merge_shards(context: AssetExecutionContext, table: "LsmTable", shards: list
         context.log.info(
             f"shard {bucket[merged.shard_id]}: merged generations {list(merged.generations_merged)} "
             f"in {merged.passes} commits ({merged.rows_upserted} upserted, {merged.deletes_applied} deletes "
-            f"applied); {merged.pending_generations} pending")
+            f"applied); {merged.pending_generations} pending"
+        )
         per_shard[bucket[merged.shard_id]] = _merge_numbers(merged)
     context.log.info(f"{result.rows_deleted} base rows deleted in {result.elapsed_seconds:.2f}s")
     rows = sum(n["rows_upserted"] + n["deletes_applied"] for n in per_shard.values())
-    totals = {**_sums(per_shard, exclude=("lag_seconds", "compacted_generation", "elapsed_s")),
-              "lag_seconds": max((n["lag_seconds"] for n in per_shard.values()), default=0.0),
-              "rows_deleted": result.rows_deleted, "elapsed_s": round(result.elapsed_seconds, 3),
-              "rows_per_s": round(rows / result.elapsed_seconds, 1) if result.elapsed_seconds else 0.0}
+    totals = {
+        **_sums(per_shard, exclude=("lag_seconds", "compacted_generation", "elapsed_s")),
+        "lag_seconds": max((n["lag_seconds"] for n in per_shard.values()), default=0.0),
+        "rows_deleted": result.rows_deleted,
+        "elapsed_s": round(result.elapsed_seconds, 3),
+        "rows_per_s": round(rows / result.elapsed_seconds, 1) if result.elapsed_seconds else 0.0,
+    }
     return shard_metadata(per_shard, totals)
 
 
@@ -153,8 +180,9 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
 
 
 @asset(group_name="maintenance", deps=[flushed_generations], kinds={"lance"}, pool="lsm_merge")
-def merged_base(context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource,
-                gx: GreatExpectationsResource) -> MaterializeResult:
+def merged_base(
+    context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource, gx: GreatExpectationsResource
+) -> MaterializeResult:
     """The base table with shards' flushed generations merged in: newest wins, tombstones
     become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
     The merge guards run first; a failed guard stops the run before anything is merged."""
@@ -166,13 +194,18 @@ def merged_base(context: AssetExecutionContext, config: MergeConfig, lsm_table: 
 
 # ---------------------------------------------------------------------------- gc
 
+
 def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: GcConfig) -> dict[str, Any]:
     """Run GC on the table; return bytes and counts reclaimed per kind."""
-    result = table.gc(orphan_grace_seconds=config.orphan_grace_seconds,
-                      wal_grace_seconds=config.wal_grace_seconds,
-                      older_than=timedelta(hours=config.version_retention_hours))
-    metadata: dict[str, Any] = {"bytes_reclaimed": result.bytes_reclaimed,
-                                "elapsed_s": round(result.elapsed_seconds, 3)}
+    result = table.gc(
+        orphan_grace_seconds=config.orphan_grace_seconds,
+        wal_grace_seconds=config.wal_grace_seconds,
+        older_than=timedelta(hours=config.version_retention_hours),
+    )
+    metadata: dict[str, Any] = {
+        "bytes_reclaimed": result.bytes_reclaimed,
+        "elapsed_s": round(result.elapsed_seconds, 3),
+    }
     for kind in ("compacted_generations", "wal_entries", "orphan_directories", "base_versions"):
         reclaimed = getattr(result, kind)
         metadata[f"{kind}_deleted"] = reclaimed.count
@@ -182,8 +215,9 @@ def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: G
 
 
 @asset(group_name="maintenance", deps=[merged_base], kinds={"lance"})
-def garbage_collected(context: AssetExecutionContext, config: GcConfig,
-                      lsm_table: LsmTableResource) -> MaterializeResult:
+def garbage_collected(
+    context: AssetExecutionContext, config: GcConfig, lsm_table: LsmTableResource
+) -> MaterializeResult:
     """Storage reclaimed: merged generations no retained base version needs, consumed WAL
     entries, orphan generation directories past their grace period, old base versions."""
     return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))

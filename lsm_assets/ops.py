@@ -23,8 +23,12 @@ class ContinuousIngestConfig(IngestConfig):
 
 
 @op
-def ingest_continuously(context: OpExecutionContext, config: ContinuousIngestConfig,
-                        region_writers: RegionWriterResource, spark: SparkResource) -> None:
+def ingest_continuously(
+    context: OpExecutionContext,
+    config: ContinuousIngestConfig,
+    region_writers: RegionWriterResource,
+    spark: SparkResource,
+) -> None:
     """Ingest landing files as they arrive until the run is terminated (or idle long enough).
 
     Spark stages each micro-batch (read, validate, route, sort); its rows are
@@ -37,8 +41,9 @@ def ingest_continuously(context: OpExecutionContext, config: ContinuousIngestCon
     idle = batches = 0
     try:
         while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
-            metadata = ingest(context, config, spark.spark_session, table, max_files=config.max_files_per_batch,
-                              writers=table)
+            metadata = ingest(
+                context, config, spark.spark_session, table, max_files=config.max_files_per_batch, writers=table
+            )
             if not metadata:
                 idle += 1
                 time.sleep(config.poll_seconds)

@@ -10,9 +10,13 @@ from .ingestion import ingested_changes
 from .maintenance import garbage_collected
 
 
-@asset(group_name="reports", kinds={"pandas"},
-       ins={"orders": AssetIn(ingested_changes.key, input_manager_key="lsm_io_manager",
-                              metadata={"lsm/format": "pandas"})})
+@asset(
+    group_name="reports",
+    kinds={"pandas"},
+    ins={
+        "orders": AssetIn(ingested_changes.key, input_manager_key="lsm_io_manager", metadata={"lsm/format": "pandas"})
+    },
+)
 def orders_by_status(orders: Any) -> MaterializeResult:
     """Live orders and their total amount per status, read from the merged view
     (base + pending generations + WAL tail) as a pandas DataFrame."""
@@ -32,12 +36,17 @@ def table_summary(context: AssetExecutionContext, lsm_table: LsmTableResource) -
     live_rows = table.count()
     base_rows = table.dataset().count_rows()
     for s in shards:
-        context.log.info(f"shard {s.bucket}: epoch {s.writer_epoch}, generations "
-                         f"{[g for g, _ in s.flushed_generations]}, merged up to {s.compacted_generation}, "
-                         f"{s.unflushed_wal_entries} unflushed WAL entries")
+        context.log.info(
+            f"shard {s.bucket}: epoch {s.writer_epoch}, generations "
+            f"{[g for g, _ in s.flushed_generations]}, merged up to {s.compacted_generation}, "
+            f"{s.unflushed_wal_entries} unflushed WAL entries"
+        )
     context.log.info(f"merged view: {live_rows} live rows ({base_rows} in the base table) at {table.uri}")
-    return MaterializeResult(metadata={
-        "live_rows": live_rows, "base_rows": base_rows,
-        "pending_generations": sum(len(s.pending_generations) for s in shards),
-        "table_uri": MetadataValue.path(table.uri),
-    })
+    return MaterializeResult(
+        metadata={
+            "live_rows": live_rows,
+            "base_rows": base_rows,
+            "pending_generations": sum(len(s.pending_generations) for s in shards),
+            "table_uri": MetadataValue.path(table.uri),
+        }
+    )

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, MetadataValue
 from pydantic import Field, PrivateAttr
@@ -54,8 +52,9 @@ class GxOutcome:
 class GreatExpectationsResource(ConfigurableResource):
     """Validates LSM table levels with an ephemeral GX context."""
 
-    spark_row_threshold: int = Field(default=1_000_000, description=(
-        "Levels with more rows than this are validated on Spark instead of pandas."))
+    spark_row_threshold: int = Field(
+        default=1_000_000, description=("Levels with more rows than this are validated on Spark instead of pandas.")
+    )
     sample_size: int = Field(default=20, description="Offending values reported per expectation.")
     _context: Any = PrivateAttr(default=None)
     _names: Any = PrivateAttr(default_factory=itertools.count)
@@ -90,8 +89,11 @@ class GreatExpectationsResource(ConfigurableResource):
         """Every primary key occurs once (compound-key expectation for composite keys)."""
         import great_expectations.expectations as gxe
 
-        expectation = (gxe.ExpectColumnValuesToBeUnique(column=primary_key[0]) if len(primary_key) == 1
-                       else gxe.ExpectCompoundColumnsToBeUnique(column_list=primary_key))
+        expectation = (
+            gxe.ExpectColumnValuesToBeUnique(column=primary_key[0])
+            if len(primary_key) == 1
+            else gxe.ExpectCompoundColumnsToBeUnique(column_list=primary_key)
+        )
         return self.validate(frame, [expectation])
 
     def keys_not_null(self, frame, primary_key: list[str]) -> GxOutcome:
@@ -123,19 +125,26 @@ class GreatExpectationsResource(ConfigurableResource):
             # job would read the table again. Persisting spills to disk when large.
             frame = frame.persist()
         try:
-            result = validation.run(batch_parameters={"dataframe": frame}, result_format={
-                "result_format": "SUMMARY", "partial_unexpected_count": self.sample_size})
+            result = validation.run(
+                batch_parameters={"dataframe": frame},
+                result_format={"result_format": "SUMMARY", "partial_unexpected_count": self.sample_size},
+            )
             rows = frame.count() if spark else len(frame)
         finally:
             if spark:
                 frame.unpersist()
-        outcomes = {f"{r.expectation_config.type}:{_target(r.expectation_config.kwargs)}": _summary(r)
-                    for r in result.results}
+        outcomes = {
+            f"{r.expectation_config.type}:{_target(r.expectation_config.kwargs)}": _summary(r) for r in result.results
+        }
         offending = [v for r in result.results for v in _sample(r.result.get("partial_unexpected_counts") or [])]
-        return GxOutcome(success=bool(result.success), backend="spark" if spark else "pandas",
-                         rows=rows,
-                         statistics={k: _plain(v) for k, v in result.statistics.items()},
-                         expectations=outcomes, offending=offending[: self.sample_size])
+        return GxOutcome(
+            success=bool(result.success),
+            backend="spark" if spark else "pandas",
+            rows=rows,
+            statistics={k: _plain(v) for k, v in result.statistics.items()},
+            expectations=outcomes,
+            offending=offending[: self.sample_size],
+        )
 
     def _gx(self):
         if self._context is None:

@@ -16,7 +16,9 @@ format / annotation               value
 ================================  =============================================
 
 The format key keeps pandas out of the code location's import: an annotation
-must be a real type when Dagster loads the definitions. Asset metadata can narrow a read: ``{"lsm/columns": [...], "lsm/filter": "..."}``
+must be a real type when Dagster loads the definitions.
+
+Asset metadata can narrow a read: ``{"lsm/columns": [...], "lsm/filter": "..."}``
 on the upstream asset's definition.
 """
 
@@ -51,8 +53,10 @@ class LsmTableIOManager(ConfigurableIOManager):
             If the asset returned data: write it through ``LsmTable.write`` instead.
         """
         if obj is not None:
-            raise TypeError(f"{context.asset_key.to_user_string()} returned {type(obj).__name__}; assets of "
-                            "an LSM table write through LsmTable.write and return None or MaterializeResult")
+            raise TypeError(
+                f"{context.asset_key.to_user_string()} returned {type(obj).__name__}; assets of "
+                "an LSM table write through LsmTable.write and return None or MaterializeResult"
+            )
 
     def load_input(self, context: InputContext) -> Any:
         """The merged view in the requested format, with its row count as input metadata."""

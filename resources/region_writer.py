@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
-
 from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -33,7 +32,7 @@ class RegionWriterResource(ConfigurableResource):
     _table: LsmTable | None = PrivateAttr(default=None)
 
     @contextmanager
-    def yield_for_execution(self, context: InitResourceContext) -> Iterator["RegionWriterResource"]:
+    def yield_for_execution(self, context: InitResourceContext) -> Iterator[RegionWriterResource]:
         table = self.lsm_table.open()
         shard_ids = [table.shard_ids[b] for b in self.buckets] if self.buckets is not None else table.shard_ids
         table.claim(shard_ids)
@@ -48,8 +47,10 @@ class RegionWriterResource(ConfigurableResource):
             if context.log:
                 context.log.info(f"closed the shard writers of {table.uri} (MemTables flushed)")
                 if fenced:
-                    context.log.warning(f"shards {fenced} were fenced by another writer; their "
-                                        "acknowledged rows stay in the WAL for the new owner")
+                    context.log.warning(
+                        f"shards {fenced} were fenced by another writer; their "
+                        "acknowledged rows stay in the WAL for the new owner"
+                    )
 
     @property
     def table(self) -> LsmTable:

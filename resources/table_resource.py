@@ -20,8 +20,9 @@ class LsmTableResource(ConfigurableResource):
     """
 
     uri: str = Field(default_factory=table_uri, description="Table URI (env LSM_TABLE_URI).")
-    num_shards: int = Field(default_factory=num_shards,
-                            description="Shards (MemWAL buckets) of a new table (env LSM_NUM_SHARDS).")
+    num_shards: int = Field(
+        default_factory=num_shards, description="Shards (MemWAL buckets) of a new table (env LSM_NUM_SHARDS)."
+    )
 
     def open(self) -> LsmTable:
         """Open the table, creating it with the events schema if it does not exist."""

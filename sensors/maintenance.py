@@ -14,8 +14,19 @@ import json
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from dagster import (DagsterRunStatus, DefaultScheduleStatus, DefaultSensorStatus, RunRequest, RunsFilter,
-                     ScheduleDefinition, SensorDefinition, SensorEvaluationContext, SensorResult, SkipReason, sensor)
+from dagster import (
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    ScheduleDefinition,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from jobs import MAINTENANCE_TAG, flush_job, gc_job, merge_job, quality_job
@@ -27,17 +38,28 @@ if TYPE_CHECKING:
     from resources.lsm import ShardState
     from resources.lsm.maintenance.policy import Decision
 
-_UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-               DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+_UNFINISHED = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 
 
 class Trigger(Protocol):
     def decide(self, state: "ShardState", now: float) -> "Decision | None": ...
 
 
-def shard_sensor(name: str, job: UnresolvedAssetJobDefinition, asset_name: str, trigger: Trigger,
-                 description: str, skip_while_writing: bool = False,
-                 interval_seconds: int = 30) -> SensorDefinition:
+def shard_sensor(
+    name: str,
+    job: UnresolvedAssetJobDefinition,
+    asset_name: str,
+    trigger: Trigger,
+    description: str,
+    skip_while_writing: bool = False,
+    interval_seconds: int = 30,
+) -> SensorDefinition:
     """A sensor requesting one run of ``job`` for every shard where ``trigger`` decides so.
 
     The run's config sets ``shards`` on the ``asset_name`` step. With
@@ -46,8 +68,13 @@ def shard_sensor(name: str, job: UnresolvedAssetJobDefinition, asset_name: str, 
     """
     kind = job.tags[MAINTENANCE_TAG] if job.tags else None
 
-    @sensor(name=name, job=job, minimum_interval_seconds=interval_seconds, description=description,
-            default_status=DefaultSensorStatus.RUNNING)
+    @sensor(
+        name=name,
+        job=job,
+        minimum_interval_seconds=interval_seconds,
+        description=description,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
     def _sensor(context: SensorEvaluationContext, lsm_table: LsmTableResource) -> SensorResult | SkipReason:
         busy = _unfinished_runs(context, job.name)
         if busy:
@@ -67,9 +94,11 @@ def shard_sensor(name: str, job: UnresolvedAssetJobDefinition, asset_name: str, 
             return SkipReason("no shard needs it (every shard is below the thresholds)")
         buckets = sorted(decisions)
         run_key = "|".join(decisions[b].key for b in buckets)
-        request = RunRequest(run_key=run_key,
-                             run_config={"ops": {asset_name: {"config": {"shards": buckets}}}},
-                             tags={MAINTENANCE_TAG: kind or job.name, "lsm/shards": ",".join(map(str, buckets))})
+        request = RunRequest(
+            run_key=run_key,
+            run_config={"ops": {asset_name: {"config": {"shards": buckets}}}},
+            tags={MAINTENANCE_TAG: kind or job.name, "lsm/shards": ",".join(map(str, buckets))},
+        )
         cursor = json.dumps({str(b): decisions[b].key for b in buckets}, sort_keys=True)
         return SensorResult(run_requests=[request], cursor=cursor)
 
@@ -82,22 +111,36 @@ def _unfinished_runs(context: SensorEvaluationContext, job_name: str) -> list[st
 
 
 flush_sensor = shard_sensor(
-    "flush_sensor", flush_job, "flushed_generations", FlushTrigger(),
+    "flush_sensor",
+    flush_job,
+    "flushed_generations",
+    FlushTrigger(),
     "Flushes the shards whose WAL holds data no generation has (crashed or idle writers): "
     "older than 5 minutes or over 64 MiB, and untouched for 60 s.",
-    skip_while_writing=True)
+    skip_while_writing=True,
+)
 
 merge_sensor = shard_sensor(
-    "merge_sensor", merge_job, "merged_base", MergeTrigger(),
+    "merge_sensor",
+    merge_job,
+    "merged_base",
+    MergeTrigger(),
     "Merges the shards with 4 pending generations, 1M pending rows, or a generation 10 minutes old "
-    "into the base, in one run.")
+    "into the base, in one run.",
+)
 
 gc_schedule = ScheduleDefinition(
-    name="gc_schedule", job=gc_job, cron_schedule="*/30 * * * *",
+    name="gc_schedule",
+    job=gc_job,
+    cron_schedule="*/30 * * * *",
     default_status=DefaultScheduleStatus.RUNNING,
-    description="Garbage-collects merged generations, consumed WAL and old versions every 30 minutes.")
+    description="Garbage-collects merged generations, consumed WAL and old versions every 30 minutes.",
+)
 
 quality_schedule = ScheduleDefinition(
-    name="quality_schedule", job=quality_job, cron_schedule="17 3 * * *",
+    name="quality_schedule",
+    job=quality_job,
+    cron_schedule="17 3 * * *",
     default_status=DefaultScheduleStatus.STOPPED,
-    description="Runs every data-quality check once a day (off by default: the checks scan the whole table).")
+    description="Runs every data-quality check once a day (off by default: the checks scan the whole table).",
+)

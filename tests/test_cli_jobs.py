@@ -28,8 +28,12 @@ def table_with_history(tmp_path_factory):
     table.write(batches[2])
     table.detach_writers()  # crashed writers leave an unflushed WAL tail
     (tmp / "dagster_home").mkdir()
-    env = {**os.environ, "LSM_TABLE_URI": table.uri, "LSM_LANDING_DIR": str(tmp / "landing"),
-           "DAGSTER_HOME": str(tmp / "dagster_home")}
+    env = {
+        **os.environ,
+        "LSM_TABLE_URI": table.uri,
+        "LSM_LANDING_DIR": str(tmp / "landing"),
+        "DAGSTER_HOME": str(tmp / "dagster_home"),
+    }
     return env, replay(batches)
 
 
@@ -37,8 +41,14 @@ def table_with_history(tmp_path_factory):
 def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
     env, oracle = table_with_history
     dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run([str(dagster), "job", "execute", "-m", "definitions", "-j", job],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", job],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "RUN_SUCCESS" in result.stdout + result.stderr
     table = LsmTable.open(env["LSM_TABLE_URI"])
@@ -47,14 +57,26 @@ def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
 
 def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
     config = tmp_path / "demo.yaml"
-    config.write_text("ops:\n  landing_changes:\n    config:\n"
-                      "      num_keys: 500\n      num_batches: 2\n      batch_size: 300\n      seed: 3\n")
+    config.write_text(
+        "ops:\n  landing_changes:\n    config:\n"
+        "      num_keys: 500\n      num_batches: 2\n      batch_size: 300\n      seed: 3\n"
+    )
     (tmp_path / "dagster_home").mkdir()
-    env = {**os.environ, "LSM_TABLE_URI": str(tmp_path / "table.lance"),
-           "LSM_LANDING_DIR": str(tmp_path / "landing"), "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    env = {
+        **os.environ,
+        "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_LANDING_DIR": str(tmp_path / "landing"),
+        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+    }
     dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run([str(dagster), "job", "execute", "-m", "definitions", "-j", "demo_job",
-                             "-c", str(config)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", "demo_job", "-c", str(config)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     oracle = replay(list(generate_changes(ChangeStreamSpec(num_keys=500, num_batches=2, batch_size=300, seed=3))))
     table = LsmTable.open(env["LSM_TABLE_URI"])

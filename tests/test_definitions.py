@@ -13,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_dagster_definitions_validate(tmp_path):
     dagster = Path(sys.executable).with_name("dagster")
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
-    result = subprocess.run([str(dagster), "definitions", "validate", "-m", "definitions"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(dagster), "definitions", "validate", "-m", "definitions"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Validation successful" in result.stdout + result.stderr
 
@@ -35,8 +41,10 @@ def test_loading_the_definitions_imports_nothing_heavy():
     """Every run, sensor tick and code-server start imports the definitions: the
     libraries a step uses are imported by that step (``import definitions``
     measured 1.3 s and 70 MB this way, against 7-12 s and 360 MB before)."""
-    script = ("import sys, definitions; definitions.defs.get_repository_def(); "
-              f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    script = (
+        "import sys, definitions; definitions.defs.get_repository_def(); "
+        f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
 

@@ -22,9 +22,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1500,1100", "--virtual-time-budget=20000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1500,1100",
+    "--virtual-time-budget=20000",
+]
 DEMO_CONFIG = {"ops": {"landing_changes": {"config": {"num_keys": 2000, "num_batches": 2, "batch_size": 1000}}}}
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
   ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
@@ -44,9 +53,11 @@ def _free_port() -> int:
 
 
 def _graphql(port: int, query: str, variables: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql",
-                                     json.dumps({"query": query, "variables": variables}).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        json.dumps({"query": query, "variables": variables}).encode(),
+        {"Content-Type": "application/json"},
+    )
     return json.loads(urllib.request.urlopen(request, timeout=60).read())["data"]
 
 
@@ -69,8 +80,9 @@ def _wait_until_serving(port: int, server: subprocess.Popen, timeout: float = 18
 
 
 def _chromium(*args: str, profile: Path) -> str:
-    result = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120
+    )
     return result.stdout
 
 
@@ -81,14 +93,23 @@ def dagster_ui(tmp_path):
     home.mkdir()
     shutil.copy(ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
     port = _free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home), "LSM_TABLE_URI": str(tmp_path / "table.lance"),
-           "LSM_LANDING_DIR": str(tmp_path / "landing")}
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_LANDING_DIR": str(tmp_path / "landing"),
+    }
     bin_dir = Path(sys.executable).parent
-    commands = [[str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"],
-                [str(bin_dir / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]]
-    daemon, server = (subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                      for command in commands)
+    commands = [
+        [str(bin_dir / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+        [str(bin_dir / "dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+    ]
+    daemon, server = (
+        subprocess.Popen(
+            command, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for command in commands
+    )
     try:
         _wait_until_serving(port, server)
         yield port

@@ -15,35 +15,59 @@ from dagster import AssetSelection, Definitions, define_asset_job, in_process_ex
 
 import lsm_assets.ingestion
 import lsm_assets.maintenance
-from lsm_assets.checks import (all_checks, base_primary_key_not_null, base_primary_key_unique,
-                               merged_view_primary_key_not_null, merged_view_primary_key_unique,
-                               row_count_reconciles, schema_conforms, shards_recoverable)
+from lsm_assets.checks import (
+    all_checks,
+    base_primary_key_not_null,
+    base_primary_key_unique,
+    merged_view_primary_key_not_null,
+    merged_view_primary_key_unique,
+    row_count_reconciles,
+    schema_conforms,
+    shards_recoverable,
+)
 from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
-from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.lsm.format.shard_manifest import shard_dir
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
-CHEAP_CHECKS = [merged_view_primary_key_unique, merged_view_primary_key_not_null, schema_conforms,
-                base_primary_key_unique, base_primary_key_not_null, shards_recoverable]
+CHEAP_CHECKS = [
+    merged_view_primary_key_unique,
+    merged_view_primary_key_not_null,
+    schema_conforms,
+    base_primary_key_unique,
+    base_primary_key_not_null,
+    shards_recoverable,
+]
 
 
-def run(table: LsmTable, selection: AssetSelection, gx: GreatExpectationsResource | None = None,
-        run_config: dict | None = None):
+def run(
+    table: LsmTable,
+    selection: AssetSelection,
+    gx: GreatExpectationsResource | None = None,
+    run_config: dict | None = None,
+):
     """Execute ``selection`` against ``table`` in process; returns the run's result."""
     job = define_asset_job("under_test", selection=selection, executor_def=in_process_executor)
-    defs = Definitions(assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
-                       asset_checks=all_checks, jobs=[job],
-                       resources={"lsm_table": LsmTableResource(uri=table.uri), "spark": SparkResource(),
-                                  "gx": gx or GreatExpectationsResource()})
+    defs = Definitions(
+        assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance]),
+        asset_checks=all_checks,
+        jobs=[job],
+        resources={
+            "lsm_table": LsmTableResource(uri=table.uri),
+            "spark": SparkResource(),
+            "gx": gx or GreatExpectationsResource(),
+        },
+    )
     return defs.resolve_job_def("under_test").execute_in_process(raise_on_error=False, run_config=run_config)
 
 
-def evaluations(table: LsmTable, checks, gx: GreatExpectationsResource | None = None,
-                run_config: dict | None = None) -> dict:
+def evaluations(
+    table: LsmTable, checks, gx: GreatExpectationsResource | None = None, run_config: dict | None = None
+) -> dict:
     result = run(table, AssetSelection.checks(*checks), gx, run_config=run_config)
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
@@ -53,8 +77,11 @@ def history(make_table, schema: pa.Schema = EVENTS_SCHEMA, primary_key=("id",)) 
     table = make_table(schema, primary_key=primary_key)
     batches = list(generate_changes(ChangeStreamSpec(num_keys=300, num_batches=3, batch_size=200, seed=5)))
     for number, batch in enumerate(batches):
-        table.write(batch if "region" not in schema.names else batch.append_column("region", pa.array(
-            ["eu" if k % 2 else "us" for k in batch["id"].to_pylist()])))
+        table.write(
+            batch
+            if "region" not in schema.names
+            else batch.append_column("region", pa.array(["eu" if k % 2 else "us" for k in batch["id"].to_pylist()]))
+        )
         if number < 2:
             table.close()
         if number == 0:
@@ -68,15 +95,17 @@ def append_duplicates(table: LsmTable, rows: int = 3) -> list:
     table.compact()
     duplicates = table.dataset().to_table().slice(0, rows)
     lance.write_dataset(duplicates, table.uri, mode="append")
-    return [[row[k] for k in table.primary_key] if len(table.primary_key) > 1 else row[table.primary_key[0]]
-            for row in duplicates.to_pylist()]
+    return [
+        [row[k] for k in table.primary_key] if len(table.primary_key) > 1 else row[table.primary_key[0]]
+        for row in duplicates.to_pylist()
+    ]
 
 
 def test_every_check_passes_on_a_healthy_table(make_table):
     table = history(make_table)
     results = evaluations(table, all_checks)
     assert sorted(results) == sorted(spec.name for check in all_checks for spec in check.check_specs)
-    assert {name: e.passed for name, e in results.items()} == {name: True for name in results}
+    assert {name: e.passed for name, e in results.items()} == dict.fromkeys(results, True)
     unique = results["merged_view_primary_key_unique"].metadata
     assert unique["backend"].value == "pandas" and unique["gx_success_percent"].value == 100.0
     assert unique["rows"].value == table.count()
@@ -117,15 +146,18 @@ def test_a_base_with_duplicate_keys_fails_row_count_reconciliation(make_table):
     config = {"ops": {"merged_base_row_count_reconciles": {"config": {"seed": 7}}}}
     failed = evaluations(table, [row_count_reconciles], run_config=config)["row_count_reconciles"]
     assert not failed.passed
-    changes = {step: (failed.metadata[f"{step}_expected_change"].value, failed.metadata[f"{step}_actual_change"].value)
-               for step in ("ingest", "flush", "merge")}
+    changes = {
+        step: (failed.metadata[f"{step}_expected_change"].value, failed.metadata[f"{step}_actual_change"].value)
+        for step in ("ingest", "flush", "merge")
+    }
     assert any(expected != actual for expected, actual in changes.values()), changes
 
 
 def test_a_wal_entry_with_other_column_types_fails_schema_conformance(make_table):
     table = history(make_table)
-    forge_wal_entry(table, {"id": pa.array([10**6], pa.int64()), "customer": ["c"], "amount": ["1.5 EUR"],
-                            "status": ["new"]})
+    forge_wal_entry(
+        table, {"id": pa.array([10**6], pa.int64()), "customer": ["c"], "amount": ["1.5 EUR"], "status": ["new"]}
+    )
     failed = evaluations(table, [schema_conforms])["schema_conforms"]
     assert not failed.passed
     (problem,) = failed.metadata["level_problems"].value
@@ -143,7 +175,8 @@ def test_a_recorded_key_that_differs_from_the_key_metadata_fails_schema_conforma
     assert not failed.passed
     assert failed.metadata["key_problems"].value == [
         "fields with primary-key metadata ['id'] differ from the table's key ['id', 'status']",
-        "key column 'status' is nullable"]
+        "key column 'status' is nullable",
+    ]
 
 
 def test_composite_keys_are_checked_as_one_compound_key(make_table):
@@ -160,18 +193,28 @@ def test_composite_keys_are_checked_as_one_compound_key(make_table):
 def test_a_failed_blocking_check_stops_the_merge(make_table):
     table = history(make_table)
     append_duplicates(table)
-    table.write(pa.table({"id": keys_in_bucket(table, 0, 5, start=10**6), "customer": ["new"] * 5,
-                          "amount": [1.0] * 5, "status": ["new"] * 5}))
+    table.write(
+        pa.table(
+            {
+                "id": keys_in_bucket(table, 0, 5, start=10**6),
+                "customer": ["new"] * 5,
+                "amount": [1.0] * 5,
+                "status": ["new"] * 5,
+            }
+        )
+    )
     table.close()
     marker = table.shards()[0].compacted_generation
     assert table.shards()[0].pending_generations  # a merge would have work to do
-    selection = (AssetSelection.assets("flushed_generations", "merged_base").without_checks()
-                 | AssetSelection.checks(base_primary_key_unique))
+    selection = AssetSelection.assets("flushed_generations", "merged_base").without_checks() | AssetSelection.checks(
+        base_primary_key_unique
+    )
     result = run(table, selection, run_config={"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}})
     assert not result.success
     assert [e.check_name for e in result.get_asset_check_evaluations()] == ["base_primary_key_unique"]
     assert [m.asset_key.path for m in result.asset_materializations_for_node("flushed_generations")] == [
-        ["flushed_generations"]]
+        ["flushed_generations"]
+    ]
     assert result.asset_materializations_for_node("merged_base") == []
     assert table.shards()[0].compacted_generation == marker
 
@@ -192,16 +235,16 @@ def test_a_null_key_fails_recovery_and_the_not_null_check(make_table):
     results = evaluations(table, [shards_recoverable, merged_view_primary_key_not_null])
     assert not results["shards_recoverable"].passed
     # Reading the merged view refuses the null key, so the not-null check cannot pass.
-    assert "merged_view_primary_key_not_null" not in results or not results[
-        "merged_view_primary_key_not_null"].passed
+    assert "merged_view_primary_key_not_null" not in results or not results["merged_view_primary_key_not_null"].passed
 
 
 def test_gx_not_null_names_the_offending_rows():
     import pandas as pd
 
     outcome = GreatExpectationsResource().keys_not_null(pd.DataFrame({"id": [1, None, 3]}), ["id"])
-    assert not outcome.success and outcome.expectations["expect_column_values_to_not_be_null:id"][
-        "unexpected_count"] == 1
+    assert (
+        not outcome.success and outcome.expectations["expect_column_values_to_not_be_null:id"]["unexpected_count"] == 1
+    )
 
 
 def test_large_tables_are_validated_on_spark(make_table, spark):
@@ -223,10 +266,20 @@ def test_a_large_merged_view_is_validated_on_spark(make_table, spark):
 
 def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
     dagster = Path(sys.executable).with_name("dagster")
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "LSM_TABLE_URI": str(tmp_path / "table.lance"),
-           "LSM_LANDING_DIR": str(tmp_path / "landing")}
-    result = subprocess.run([str(dagster), "job", "execute", "-m", "definitions", "-j", "quality_job"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path),
+        "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_LANDING_DIR": str(tmp_path / "landing"),
+    }
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", "quality_job"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert output.count("ASSET_CHECK_EVALUATION") == len(all_checks)

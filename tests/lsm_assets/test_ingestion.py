@@ -35,8 +35,11 @@ def locations(tmp_path, monkeypatch):
 
 def _resources(spark, tmp_path: Path) -> dict:
     table = LsmTableResource(uri=str(tmp_path / "table.lance"))
-    return {"lsm_table": table, "spark": SparkResource(master="local[2]"),
-            "region_writers": RegionWriterResource(lsm_table=table)}
+    return {
+        "lsm_table": table,
+        "spark": SparkResource(master="local[2]"),
+        "region_writers": RegionWriterResource(lsm_table=table),
+    }
 
 
 def _view(uri: str) -> dict:
@@ -45,8 +48,11 @@ def _view(uri: str) -> dict:
 
 def test_generate_then_ingest_lands_the_stream_with_metadata(spark, locations):
     config = {"num_keys": 400, "num_batches": 3, "batch_size": 300, "malformed_rows": 2, "seed": 4}
-    result = materialize([landing_changes, ingested_changes], resources=_resources(spark, locations),
-                         run_config={"ops": {"landing_changes": {"config": config}}})
+    result = materialize(
+        [landing_changes, ingested_changes],
+        resources=_resources(spark, locations),
+        run_config={"ops": {"landing_changes": {"config": config}}},
+    )
     assert result.success
 
     spec = ChangeStreamSpec(num_keys=400, num_batches=3, batch_size=300, seed=4)
@@ -56,23 +62,29 @@ def test_generate_then_ingest_lands_the_stream_with_metadata(spark, locations):
     assert metadata["rows_quarantined"].value == 6
     assert metadata["rows_read"].value == 3 * 302
     assert sum(v.value for k, v in metadata.items() if k.startswith("shard_")) == (
-        metadata["upserts"].value + metadata["deletes"].value)
+        metadata["upserts"].value + metadata["deletes"].value
+    )
     assert metadata["rows_per_s"].value > 0
 
 
 def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, locations):
     landing = locations / "landing"
-    first = write_landing_files(ChangeStreamSpec(num_keys=200, num_batches=2, batch_size=100, seed=1),
-                                str(landing), prefix="a")
+    first = write_landing_files(
+        ChangeStreamSpec(num_keys=200, num_batches=2, batch_size=100, seed=1), str(landing), prefix="a"
+    )
     later = ChangeStreamSpec(num_keys=200, num_batches=2, batch_size=100, seed=2)
     arrivals: list = []
     writer = threading.Timer(3.0, lambda: arrivals.extend(write_landing_files(later, str(landing), prefix="b")))
     writer.start()
 
-    run_config = {"ops": {"ingest_continuously": {"config": {
-        "poll_seconds": 0.5, "stop_after_idle_polls": 8, "max_files_per_batch": 1}}}}
-    result = continuous_ingest_job.execute_in_process(run_config=run_config,
-                                                      resources=_resources(spark, locations))
+    run_config = {
+        "ops": {
+            "ingest_continuously": {
+                "config": {"poll_seconds": 0.5, "stop_after_idle_polls": 8, "max_files_per_batch": 1}
+            }
+        }
+    }
+    result = continuous_ingest_job.execute_in_process(run_config=run_config, resources=_resources(spark, locations))
     writer.join()
     assert result.success
     uri = str(locations / "table.lance")
@@ -88,8 +100,7 @@ def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, l
 def test_region_writer_resource_fenced_by_another_writer_loses_nothing(locations):
     uri = str(locations / "table.lance")
     resource = RegionWriterResource(lsm_table=LsmTableResource(uri=uri))
-    rows = pa.table({"id": [1, 2, 3], "customer": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0],
-                     "status": ["new"] * 3})
+    rows = pa.table({"id": [1, 2, 3], "customer": ["a", "b", "c"], "amount": [1.0, 2.0, 3.0], "status": ["new"] * 3})
     with resource.yield_for_execution(build_init_resource_context()) as writers:
         writers.put(rows)
         intruder = LsmTable.open(uri)
@@ -109,8 +120,14 @@ def test_ingest_job_runs_from_the_cli_with_env_defaults(locations):
     env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
     os.makedirs(env["DAGSTER_HOME"])
     dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run([str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert _view(str(locations / "table.lance")) == replay(batches)
 
@@ -123,9 +140,14 @@ def test_continuous_job_from_the_cli_stops_cleanly_on_interrupt(locations):
     env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
     os.makedirs(env["DAGSTER_HOME"])
     dagster = Path(sys.executable).with_name("dagster")
-    run = subprocess.Popen([str(dagster), "job", "execute", "-m", "definitions", "-j", "continuous_ingest_job",
-                            "-c", str(config)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", "continuous_ingest_job", "-c", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     uri = str(locations / "table.lance")
     deadline = time.monotonic() + 300
     ledger = Path(uri) / "_lsm_ingest" / "files"

@@ -8,9 +8,9 @@ from dagster import DagsterRun, DagsterRunStatus, instance_for_test, materialize
 from jobs import flush_job, merge_job
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flushed_generations, garbage_collected, merged_base
+from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
-from resources.gx_resource import GreatExpectationsResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import keys_in_bucket, resolved_job, rows_by_key, write_generation
 
@@ -18,8 +18,11 @@ from tests.helpers import keys_in_bucket, resolved_job, rows_by_key, write_gener
 def _table_with_history(make_table) -> tuple[LsmTable, dict]:
     """Three generations per shard with deletes and re-inserts, plus an unflushed WAL tail."""
     table = make_table(EVENTS_SCHEMA, num_shards=4)
-    batches = list(generate_changes(ChangeStreamSpec(num_keys=300, num_batches=4, batch_size=250,
-                                                     delete_ratio=0.2, reinsert_ratio=0.1, seed=11)))
+    batches = list(
+        generate_changes(
+            ChangeStreamSpec(num_keys=300, num_batches=4, batch_size=250, delete_ratio=0.2, reinsert_ratio=0.1, seed=11)
+        )
+    )
     for batch in batches[:3]:
         table.write(batch)
         table.close()
@@ -38,7 +41,8 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert _view(table) == oracle
 
     flushed = resolved_job(flush_job, resources).execute_in_process(
-        run_config={"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}})
+        run_config={"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}}
+    )
     assert flushed.success and _view(table) == oracle and _view(table, fresh=False) == oracle
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())
     flush_metadata = flushed.asset_materializations_for_node("flushed_generations")[0].metadata
@@ -59,8 +63,9 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
 
     gc_config = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}
     generations = sum(len(s.flushed_generations) for s in table.shards())
-    collected = materialize([garbage_collected], resources=resources,
-                            run_config={"ops": {"garbage_collected": {"config": gc_config}}})
+    collected = materialize(
+        [garbage_collected], resources=resources, run_config={"ops": {"garbage_collected": {"config": gc_config}}}
+    )
     assert collected.success and _view(table) == oracle
     metadata = collected.asset_materializations_for_node("garbage_collected")[0].metadata
     assert metadata["compacted_generations_deleted"].value == generations
@@ -73,8 +78,9 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
     resources = {"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()}
     flush_shard_1 = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0, "shards": [1]}}}}
     with instance_for_test() as instance:
-        instance.add_run(DagsterRun(job_name="ingest_job", run_id="live", tags=WRITER_TAGS,
-                                    status=DagsterRunStatus.STARTED))
+        instance.add_run(
+            DagsterRun(job_name="ingest_job", run_id="live", tags=WRITER_TAGS, status=DagsterRunStatus.STARTED)
+        )
         skipped = materialize([flushed_generations], resources=resources, instance=instance, run_config=flush_shard_1)
         assert skipped.asset_materializations_for_node("flushed_generations")[0].metadata["flushed"].value == 0
         assert table.shards()[1].unflushed_wal_entries > 0
@@ -86,8 +92,12 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
         assert table.shards()[1].unflushed_wal_entries == 0
         assert table.shards()[2].unflushed_wal_entries > 0
 
-        merged = materialize([merged_base], resources=resources, instance=instance,
-                             run_config={"ops": {"merged_base": {"config": {"shards": [1]}}}})
+        merged = materialize(
+            [merged_base],
+            resources=resources,
+            instance=instance,
+            run_config={"ops": {"merged_base": {"config": {"shards": [1]}}}},
+        )
         metadata = merged.asset_materializations_for_node("merged_base")[0].metadata
         assert metadata["shard_1_generations_merged"].value == 4 and metadata["shard_1_lag_generations"].value == 0
         assert "shard_2_generations_merged" not in metadata
@@ -97,8 +107,11 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
 
 
 def _failed_checks(events) -> list[str]:
-    return [e.event_specific_data.check_name for e in events
-            if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed]
+    return [
+        e.event_specific_data.check_name
+        for e in events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and not e.event_specific_data.passed
+    ]
 
 
 def _base_with_duplicates_and_pending_work(make_table) -> LsmTable:
@@ -128,6 +141,7 @@ def test_an_unknown_shard_fails_the_run_with_the_table_shard_count(make_table):
     table, _ = _table_with_history(make_table)
     resources = {"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()}
     result = resolved_job(merge_job, resources).execute_in_process(
-        run_config={"ops": {"merged_base": {"config": {"shards": [7]}}}}, raise_on_error=False)
+        run_config={"ops": {"merged_base": {"config": {"shards": [7]}}}}, raise_on_error=False
+    )
     assert not result.success
     assert "buckets [7] do not exist" in str(result.failure_data_for_node("merged_base").error)

@@ -17,8 +17,10 @@ def test_orders_by_status_summarizes_the_merged_view(make_table):
         table.write(batch)  # the last batches stay in the WAL only: fresh reads must include them
     oracle = replay(batches)
 
-    result = materialize([ingested_changes.to_source_asset(), orders_by_status],
-                         resources={"lsm_io_manager": LsmTableIOManager(uri=table.uri)})
+    result = materialize(
+        [ingested_changes.to_source_asset(), orders_by_status],
+        resources={"lsm_io_manager": LsmTableIOManager(uri=table.uri)},
+    )
     metadata = result.asset_materializations_for_node("orders_by_status")[0].metadata
     assert metadata["live_orders"].value == len(oracle)
     for status in {row["status"] for row in oracle.values()}:

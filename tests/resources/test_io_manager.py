@@ -52,14 +52,12 @@ def table(make_table):
 
 
 def row_count(result, asset_name: str) -> int:
-    events = [e for e in result.all_events if e.event_type_value == "LOADED_INPUT"
-              and e.step_key == asset_name]
+    events = [e for e in result.all_events if e.event_type_value == "LOADED_INPUT" and e.step_key == asset_name]
     return events[0].event_specific_data.metadata["row_count"].value
 
 
 def test_loads_the_fresh_merged_view_as_arrow_and_pandas(table):
-    result = materialize([items, as_arrow, as_pandas],
-                         resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+    result = materialize([items, as_arrow, as_pandas], resources={"io_manager": LsmTableIOManager(uri=table.uri)})
     assert result.success
     expected = rows_by_key(table.read())
     assert len(expected) == 10 and expected[(3,)]["name"] == "wal" and (4,) not in expected
@@ -69,10 +67,13 @@ def test_loads_the_fresh_merged_view_as_arrow_and_pandas(table):
 
 
 def test_loads_a_spark_dataframe_through_the_lance_lsm_source(table, spark):
-    result = materialize([items, as_spark], resources={
-        "io_manager": LsmTableIOManager(uri=table.uri),
-        "spark": SparkResource(master="local[2]"),
-    })
+    result = materialize(
+        [items, as_spark],
+        resources={
+            "io_manager": LsmTableIOManager(uri=table.uri),
+            "spark": SparkResource(master="local[2]"),
+        },
+    )
     assert result.success
     assert rows_by_key(pa.Table.from_pandas(SEEN["spark"], preserve_index=False)) == rows_by_key(table.read())
     assert row_count(result, "as_spark") == 10
@@ -89,5 +90,5 @@ def test_refuses_data_returned_by_an_asset(table):
     def returns_rows() -> pa.Table:
         return pa.table({"id": [1]})
 
-    with pytest.raises(TypeError, match="write through LsmTable.write"):
+    with pytest.raises(TypeError, match=r"write through LsmTable\.write"):
         materialize([returns_rows], resources={"io_manager": LsmTableIOManager(uri=table.uri)})

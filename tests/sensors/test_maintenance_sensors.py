@@ -25,8 +25,9 @@ def instance():
 
 def _evaluate(sensor, instance, uri: str, cursor: str | None = None):
     """One tick of ``sensor`` against the code location's repository and a test table."""
-    context = build_sensor_context(instance=instance, cursor=cursor, definitions=defs,
-                                   resources={"lsm_table": LsmTableResource(uri=uri)})
+    context = build_sensor_context(
+        instance=instance, cursor=cursor, definitions=defs, resources={"lsm_table": LsmTableResource(uri=uri)}
+    )
     return sensor.evaluate_tick(context)
 
 
@@ -65,14 +66,16 @@ def test_flush_sensor_requests_crashed_shards_and_waits_for_live_writers(make_ta
     keys = keys_in_bucket(table, 0, 3) + keys_in_bucket(table, 2, 3)
     table.write(pa.table({"id": keys, "customer": ["c"] * 6, "amount": [1.0] * 6, "status": ["new"] * 6}))
     table.detach_writers()  # the writers die without closing: their WAL is unflushed
-    sensor = shard_sensor("test_flush_sensor", flush_job, "flushed_generations", FlushTrigger(0, 0, 0), "test",
-                          skip_while_writing=True)
+    sensor = shard_sensor(
+        "test_flush_sensor", flush_job, "flushed_generations", FlushTrigger(0, 0, 0), "test", skip_while_writing=True
+    )
 
     result = _evaluate(sensor, instance, table.uri)
     assert [_shards(r, "flushed_generations") for r in result.run_requests] == [[0, 2]]
 
-    instance.add_run(DagsterRun(job_name="ingest_job", run_id="live-writer", tags=WRITER_TAGS,
-                                status=DagsterRunStatus.STARTED))
+    instance.add_run(
+        DagsterRun(job_name="ingest_job", run_id="live-writer", tags=WRITER_TAGS, status=DagsterRunStatus.STARTED)
+    )
     waiting = _evaluate(sensor, instance, table.uri)
     assert not waiting.run_requests and "live-writer" in waiting.skip_message
 
