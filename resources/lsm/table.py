@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import lance
 import numpy as np
@@ -34,7 +34,15 @@ from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from .read import merged_read, vector_search
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
-from .write.changes import resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
+from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_T = TypeVar("_T")
+
+Keys: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | Iterable[object]"
+"""What :meth:`LsmTable.lookup` accepts: a table of key columns, or key values, tuples or dicts."""
 
 _CONFIG_PRIMARY_KEY = "lsm.primary_key"
 _CONFIG_SHARD_IDS = "lsm.shard_ids"
@@ -74,10 +82,20 @@ class ShardWriteCount:
     deletes: int
 
 
+class ShardCounts(Protocol):
+    """Per-shard upsert/delete counts (:class:`ShardWriteCount` and the like)."""
+
+    @property
+    def upserts(self) -> int: ...
+
+    @property
+    def deletes(self) -> int: ...
+
+
 class ShardTotals:
     """Totals over a ``shards`` tuple of per-shard upsert/delete counts."""
 
-    shards: tuple
+    shards: tuple[ShardCounts, ...]
 
     @property
     def upserts(self) -> int:
@@ -231,7 +249,7 @@ class LsmTable:
 
     # ------------------------------------------------------------------ writes
 
-    def write(self, data) -> WriteResult:
+    def write(self, data: ChangeData) -> WriteResult:
         """Apply a batch of changes; return once every row is durable in a WAL.
 
         ``data`` (pyarrow or pandas) has the table's columns plus optional
@@ -329,7 +347,7 @@ class LsmTable:
         """
         self._for_each_shard(self._writer, shard_ids if shard_ids is not None else self.shard_ids)
 
-    def writer_stats(self) -> dict[str, dict]:
+    def writer_stats(self) -> dict[str, dict[str, Any]]:
         """``ShardWriter.stats()`` of every writer this object holds open, by shard."""
         return {shard_id: writer.stats() for shard_id, writer in self._writers.items()}
 
@@ -386,7 +404,7 @@ class LsmTable:
     def __enter__(self) -> LsmTable:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ------------------------------------------------------------- maintenance
@@ -463,7 +481,12 @@ class LsmTable:
         )
 
     def search(
-        self, vector, k: int, filter: str | None = None, columns: list[str] | None = None, fresh: bool = True
+        self,
+        vector: Sequence[float] | np.ndarray,
+        k: int,
+        filter: str | None = None,
+        columns: list[str] | None = None,
+        fresh: bool = True,
     ) -> pa.Table:
         """The ``k`` nearest live rows to ``vector`` across all LSM levels, nearest first.
 
@@ -473,7 +496,7 @@ class LsmTable:
         """
         return vector_search.search(self.snapshot(fresh), vector, k, filter, columns)
 
-    def lookup(self, keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
+    def lookup(self, keys: Keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.
 
         ``keys`` is a list of values (single-column key), of tuples or dicts
@@ -489,7 +512,8 @@ class LsmTable:
 
     def count(self, fresh: bool = True) -> int:
         """Number of live keys in the merged view."""
-        return self.read(columns=list(self.primary_key), fresh=fresh).num_rows
+        live: int = self.read(columns=list(self.primary_key), fresh=fresh).num_rows
+        return live
 
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""
@@ -559,7 +583,7 @@ class LsmTable:
             return list(self.shard_ids)
         return [shard] if isinstance(shard, str) else list(shard)
 
-    def _key_table(self, keys) -> pa.Table:
+    def _key_table(self, keys: Keys) -> pa.Table:
         key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])
         if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
             return to_arrow(keys).select(self.primary_key).cast(key_schema)
@@ -636,7 +660,7 @@ class LsmTable:
                 f"(rows acknowledged earlier are safe in the WAL): {exc}"
             ) from exc
 
-    def _for_each_shard(self, work, shard_ids: Iterable[str]) -> list:
+    def _for_each_shard(self, work: Callable[[str], _T], shard_ids: Iterable[str]) -> list[_T]:
         shard_ids = list(shard_ids)
         if len(shard_ids) <= 1:
             return [work(s) for s in shard_ids]
@@ -652,5 +676,7 @@ def _absolute(uri: str) -> str:
 
 def _slices(rows: pa.Table | None, size: int) -> Iterator[pa.Table]:
     """``rows`` in consecutive slices of at most ``size`` rows (nothing for ``None``)."""
-    for offset in range(0, rows.num_rows if rows is not None else 0, size):
+    if rows is None:
+        return
+    for offset in range(0, rows.num_rows, size):
         yield rows.slice(offset, size)

@@ -9,6 +9,7 @@ field numbers live next to each decoder as named constants.
 
 from __future__ import annotations
 
+import builtins
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -44,33 +45,35 @@ class Message:
 
     fields: dict[int, list[int | bytes]] = field(default_factory=lambda: defaultdict(list))
 
+    # Past the methods ``int`` and ``bytes``, those names in annotations mean the methods: hence ``builtins.``.
+
     def int(self, number: int, default: int = 0) -> int:
         """Last value of a scalar field (protobuf's last-one-wins rule)."""
         values = self.fields.get(number)
         return int(values[-1]) if values else default
 
-    def optional_int(self, number: int) -> int | None:
+    def optional_int(self, number: builtins.int) -> builtins.int | None:
         values = self.fields.get(number)
         return int(values[-1]) if values else None
 
-    def bytes(self, number: int) -> bytes | None:
+    def bytes(self, number: builtins.int) -> builtins.bytes | None:
         values = self.fields.get(number)
         return bytes(values[-1]) if values else None
 
-    def string(self, number: int) -> str | None:
+    def string(self, number: builtins.int) -> str | None:
         raw = self.bytes(number)
         return raw.decode("utf-8") if raw is not None else None
 
-    def message(self, number: int) -> Message | None:
+    def message(self, number: builtins.int) -> Message | None:
         raw = self.bytes(number)
         return decode(raw) if raw is not None else None
 
-    def messages(self, number: int) -> list[Message]:
+    def messages(self, number: builtins.int) -> list[Message]:
         return [decode(bytes(raw)) for raw in self.fields.get(number, [])]
 
-    def packed_ints(self, number: int) -> list[int]:
+    def packed_ints(self, number: builtins.int) -> list[builtins.int]:
         """A repeated integer field, packed or not."""
-        values: list[int] = []
+        values: list[builtins.int] = []
         for raw in self.fields.get(number, []):
             if isinstance(raw, int):
                 values.append(raw)
@@ -92,6 +95,7 @@ def decode(data: bytes) -> Message:
     """
     message = Message()
     pos = 0
+    value: int | bytes
     while pos < len(data):
         key, pos = _read_varint(data, pos)
         number, wire_type = key >> 3, key & 0x7

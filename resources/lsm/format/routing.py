@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 from lance import mem_wal
+
+if TYPE_CHECKING:
+    from lance.schema import LanceSchema
 
 # ASCII "LSMWRITE_SHARD01", the namespace LanceDB uses for bucket shards.
 _SHARD_NAMESPACE = uuid.UUID("4c534d57-5249-5445-5f53-484152443031")
@@ -31,8 +35,8 @@ def shard_ids_for(num_shards: int) -> list[str]:
 class ShardRouter:
     """Maps rows to buckets (Lance's hash) and buckets to shard UUIDs."""
 
-    sharding_spec: dict
-    lance_schema: object
+    sharding_spec: dict[str, Any]
+    lance_schema: LanceSchema
     shard_ids: tuple[str, ...]
 
     def buckets(self, table: pa.Table) -> np.ndarray:

@@ -32,10 +32,12 @@ class TableStorage:
     def read_bytes(self, relative: str) -> bytes:
         """The whole file; ``FileNotFoundError`` if it does not exist."""
         with self.fs.open_input_file(self.path(relative)) as f:
-            return f.read()
+            data: bytes = f.read()
+        return data
 
     def exists(self, relative: str) -> bool:
-        return self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
+        found: bool = self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
+        return found
 
     def list_dir(self, relative: str) -> list[FileEntry]:
         """Direct children of a directory (empty if it does not exist)."""

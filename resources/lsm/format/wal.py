@@ -18,7 +18,7 @@ class CorruptWalEntryError(IOError):
     """A WAL entry file exists but is not a readable Arrow IPC stream."""
 
 
-def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> tuple[dict, pa.Table]:
+def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> tuple[dict[str, str], pa.Table]:
     """Schema metadata and rows of one WAL entry.
 
     Raises

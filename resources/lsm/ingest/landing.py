@@ -110,7 +110,7 @@ def _read_csv(path: str) -> pa.Table:
 
 
 def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
-    rows: list[dict] = []
+    rows: list[dict[str, object]] = []
     rejections: list[Rejection] = []
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(line for line in lines if line.strip()):
@@ -131,7 +131,7 @@ def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
     return table, rejections
 
 
-def _json_column(values: list) -> pa.Array:
+def _json_column(values: list[object]) -> pa.Array:
     """A column as Arrow infers it, or as strings where JSON types clash.
 
     Strings keep every value, so casting later rejects the offending row

@@ -50,7 +50,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import lance
 import pyarrow as pa
@@ -65,7 +65,7 @@ from ..read.generations import generation_rows, open_generation
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
 
 if TYPE_CHECKING:
-    from .table import LsmTable
+    from ..table import LsmTable
 
 MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
@@ -343,7 +343,7 @@ def _resolve(shard_id: str, generations: tuple[int, ...], rows: pa.Table, primar
     )
 
 
-def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: list[_ShardPass]) -> dict:
+def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: list[_ShardPass]) -> dict[str, Any]:
     """Apply the passes and advance each shard's marker to its last generation, atomically."""
     upserts = pa.concat_tables([p.upserts for p in passes])
     deletes = pa.concat_tables([p.deletes for p in passes])
@@ -358,7 +358,8 @@ def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: lis
     )
     if deletes.num_rows:
         builder = builder.when_not_matched_by_source_delete(key_in_predicate(deletes, base.schema))
-    return builder.execute(upserts)
+    stats: dict[str, Any] = builder.execute(upserts)  # Lance's merge_insert counters
+    return stats
 
 
 def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:

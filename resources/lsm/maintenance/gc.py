@@ -75,7 +75,7 @@ from ..ingest.landing import STAGING_DIR
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
 
 if TYPE_CHECKING:
-    from .table import LsmTable
+    from ..table import LsmTable
 
 GenerationDirs = Sequence[tuple[int, str]]
 """``(generation, directory)`` pairs."""

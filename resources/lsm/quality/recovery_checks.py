@@ -54,7 +54,7 @@ from ..format.storage import TableStorage
 from ..format.wal import CorruptWalEntryError, read_wal_entry
 
 if TYPE_CHECKING:
-    from .table import LsmTable
+    from ..table import LsmTable
 
 
 class Severity(str, Enum):

@@ -45,8 +45,8 @@ from .recovery_checks import ShardRecovery, verify_shards
 from .scratch import key_pool, scratch_copy, synthetic_changes
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
-Key = tuple
-State = dict[Key, dict | None]  # key -> row, or None when the key is absent
+Key = tuple[object, ...]
+State = dict[Key, dict[str, object] | None]  # key -> row, or None when the key is absent
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def read_generations(
     *,
     storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
-    map: Callable = map,
+    map: Callable[[Callable[[tuple[str, str]], pa.Table], Sequence[tuple[str, str]]], Iterable[pa.Table]] = map,
 ) -> list[pa.Table]:
     """The rows of each ``(shard_id, directory)`` generation (:func:`generation_rows`), in order.
 

@@ -125,7 +125,8 @@ class _BaseBatches:
 
     def __init__(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
         self._schema = pa.schema([dataset.schema.field(c) for c in columns])
-        self._batches: queue.SimpleQueue = queue.SimpleQueue()
+        # Record batches, then ``_END`` or the exception that stopped the scan.
+        self._batches: queue.SimpleQueue[pa.RecordBatch | BaseException | object] = queue.SimpleQueue()
         _readers().submit(self._pump, dataset, columns, filter)
 
     def _pump(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
@@ -142,7 +143,7 @@ class _BaseBatches:
         Batches are filtered on the reader threads while the scan goes on
         (numpy and Arrow kernels release the GIL).
         """
-        parts: list[Future] = []
+        parts: list[Future[pa.Table]] = []
         while (item := self._batches.get()) is not self._END:
             if isinstance(item, BaseException):
                 raise item
@@ -202,6 +203,10 @@ def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:
     return newest_per_key([generations, snapshot.tail.select(shape.names)], shape, snapshot.primary_key)
 
 
+# A PendingGenerations entry: the (shard id, directory) generations and the (name, type) columns of the shape.
+_PendingKey = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
+
+
 class PendingGenerations:
     """The newest change per key over a table's pending generations, kept between reads.
 
@@ -216,7 +221,7 @@ class PendingGenerations:
 
     def __init__(self, capacity: int = 4, max_bytes: int = 1 << 30) -> None:
         self._capacity, self._max_bytes = capacity, max_bytes
-        self._entries: OrderedDict[tuple, pa.Table] = OrderedDict()
+        self._entries: OrderedDict[_PendingKey, pa.Table] = OrderedDict()
         self._lock = threading.Lock()
 
     def resolved(self, snapshot: ReadSnapshot, shape: pa.Schema) -> pa.Table:
@@ -299,7 +304,7 @@ class _Planners:
 
     def __init__(self, snapshot: ReadSnapshot) -> None:
         self._snapshot = snapshot
-        self._planners: dict[tuple[str, tuple], LsmPointLookupPlanner] = {}
+        self._planners: dict[tuple[str, tuple[tuple[int, str], ...]], LsmPointLookupPlanner] = {}
 
     def get(self, shard: ShardState, generations: tuple[tuple[int, str], ...]) -> LsmPointLookupPlanner:
         cache_key = (shard.shard_id, generations)
@@ -330,7 +335,8 @@ def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
     """For each row of ``left``, whether its key occurs in ``right`` (a boolean array)."""
     if not (left.num_rows and right.num_rows):
         return np.zeros(left.num_rows, dtype=bool)
-    return _key_membership(left, right, key).to_numpy(zero_copy_only=False)
+    mask: np.ndarray = _key_membership(left, right, key).to_numpy(zero_copy_only=False)
+    return mask
 
 
 def _key_membership(left: pa.Table, right: pa.Table, key: list[str]) -> pa.ChunkedArray | pa.Array:

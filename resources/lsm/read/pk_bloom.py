@@ -30,6 +30,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 import lance
 import numpy as np
@@ -61,7 +62,7 @@ def pk_hash(values: Sequence[int | str], types: Sequence[pa.DataType]) -> int:
     for value, value_type in zip(values, types, strict=True):
         parts.append(b"\x00")  # is_null = false
         fmt = _INT_FORMATS.get(value_type)
-        parts.append(struct.pack(fmt, value) if fmt else value.encode() + b"\xff")
+        parts.append(struct.pack(fmt, value) if fmt else cast(str, value).encode() + b"\xff")  # str if not int
     return _siphash13(b"".join(parts))
 
 
@@ -123,6 +124,7 @@ class GenerationFilters:
                 self._filters.move_to_end(cache_key)
                 return self._filters[cache_key]
         path = f"{shard_dir(shard_id)}/{directory}"
+        bloom: SplitBlockBloomFilter | None
         try:
             bloom = SplitBlockBloomFilter(self._storage.read_bytes(f"{path}/{BLOOM_FILTER_FILE}"))
         except FileNotFoundError:

@@ -9,6 +9,7 @@ process holds more than a batch.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import lance
 import pyarrow as pa
@@ -29,7 +30,9 @@ def base_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> Data
         pinned = lance.dataset(uri, version=version, storage_options=options)
         for batch in batches:
             for fragment_id in batch.column(0).to_pylist():
-                for rows in pinned.get_fragment(fragment_id).to_batches(columns=columns):
+                # An id of the pinned version's own fragments: never missing.
+                fragment = cast(lance.LanceFragment, pinned.get_fragment(fragment_id))
+                for rows in fragment.to_batches(columns=columns):
                     yield rows.cast(schema)
 
     ids = spark.createDataFrame(fragments, "fragment_id long")

@@ -43,6 +43,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
@@ -64,6 +65,15 @@ from ..ingest.landing import (
 )
 from ..table import LsmTable, ShardTotals, ShardWriteCount
 from ..write.changes import validate_changes
+
+if TYPE_CHECKING:  # PySpark is imported where it runs, never at module load
+    from pyspark import RDD, Accumulator, AccumulatorParam
+    from pyspark.sql import SparkSession
+
+_PerFile: TypeAlias = "dict[int, tuple[int, int]]"
+"""``{file order: (rows, rejected rows)}``, collected by an accumulator."""
+_Staged: TypeAlias = "_StagedFile | _RejectedRow"
+"""What the stage RDD holds (an RDD's ``filter`` does not narrow it: hence the casts)."""
 
 _QUARANTINE_SCHEMA = "file string, row long, reason string, record string"
 
@@ -87,7 +97,7 @@ class IngestReport(ShardTotals):
     shards: tuple[ShardIngestStats, ...] = ()
     elapsed_seconds: float = 0.0
     quarantine_path: str | None = None
-    per_file: dict = field(default_factory=dict)
+    per_file: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def rows_written(self) -> int:
@@ -120,7 +130,7 @@ def _same_size(entry: LedgerEntry | None, file: LandingFile) -> bool:
 
 
 def ingest_landing_files(
-    spark,
+    spark: SparkSession,
     table_uri: str,
     landing_dir: str,
     quarantine_dir: str,
@@ -162,7 +172,7 @@ def ingest_landing_files(
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
-    counts = spark.sparkContext.accumulator({}, _PerFileCounts())
+    counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
     staging = f"{STAGING_DIR}/run={run_id}-{uuid.uuid4().hex[:8]}"  # one per call, even in a long run
     try:
         staged = _stage(spark, table, files, counts, staging)
@@ -205,10 +215,10 @@ class _PerFileCounts:
     stage) reports the same values instead of adding them twice.
     """
 
-    def zero(self, value: dict) -> dict:
+    def zero(self, value: _PerFile) -> _PerFile:
         return {}
 
-    def addInPlace(self, counts: dict, more: dict) -> dict:
+    def addInPlace(self, counts: _PerFile, more: _PerFile) -> _PerFile:
         counts.update(more)
         return counts
 
@@ -231,7 +241,9 @@ class _RejectedRow:
     record: str | None
 
 
-def _stage(spark, table: LsmTable, files: list[LandingFile], counts, staging: str | None):
+def _stage(
+    spark: SparkSession, table: LsmTable, files: list[LandingFile], counts: Accumulator[_PerFile], staging: str | None
+) -> RDD[_Staged]:
     """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
 
     Good rows go to staged files under ``staging`` (relative to the table
@@ -249,27 +261,29 @@ def _stage(spark, table: LsmTable, files: list[LandingFile], counts, staging: st
     return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, staging, counts))
 
 
-def _quarantine(spark, staged, path: str) -> None:
-    rejected = staged.filter(lambda item: isinstance(item, _RejectedRow)).map(
+def _quarantine(spark: SparkSession, staged: RDD[_Staged], path: str) -> None:
+    rejected = cast("RDD[_RejectedRow]", staged.filter(lambda item: isinstance(item, _RejectedRow))).map(
         lambda r: (r.file, r.row, r.reason, r.record)
     )
     spark.createDataFrame(rejected, _QUARANTINE_SCHEMA).coalesce(1).write.mode("append").json(path)
 
 
-def _write_here(staged, table: LsmTable) -> list[ShardIngestStats]:
+def _write_here(staged: RDD[_Staged], table: LsmTable) -> list[ShardIngestStats]:
     """Write the good rows through this process's open writers, shards in parallel (continuous mode)."""
     started = time.monotonic()
-    written = _write_staged(table, staged.filter(lambda item: isinstance(item, _StagedFile)).collect())
+    files = cast("RDD[_StagedFile]", staged.filter(lambda item: isinstance(item, _StagedFile))).collect()
+    written = _write_staged(table, files)
     return _shard_stats(table, written, time.monotonic() - started)
 
 
-def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
+def _write_in_tasks(staged: RDD[_Staged], table: LsmTable) -> list[ShardIngestStats]:
     """Write the good rows from Spark tasks, each shard by exactly one task (batch mode)."""
     # One task per core, each writing its shards in a thread per shard, like
     # the in-process ceiling (with 4 shards on 2 cores, as fast as a task per
     # shard, and the shape continuous mode uses too).
     tasks = min(table.num_shards, staged.context.defaultParallelism)
-    by_task = staged.filter(lambda item: isinstance(item, _StagedFile)).map(lambda f: (f.bucket % tasks, f))
+    files = cast("RDD[_StagedFile]", staged.filter(lambda item: isinstance(item, _StagedFile)))
+    by_task = files.map(lambda f: (f.bucket % tasks, f))
     uri = table.uri
     # Partition = task exactly (the task number is the partition function).
     return (
@@ -283,8 +297,12 @@ def _write_in_tasks(staged, table: LsmTable) -> list[ShardIngestStats]:
 
 
 def _stage_files(
-    positions: Iterable[int], listing: list[tuple[int, str, str]], uri: str, staging: str | None, counts
-) -> Iterator[_StagedFile | _RejectedRow]:
+    positions: Iterable[int],
+    listing: list[tuple[int, str, str]],
+    uri: str,
+    staging: str | None,
+    counts: Accumulator[_PerFile],
+) -> Iterator[_Staged]:
     """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
 
     Yields each file's rejected rows as it goes, then this task's staged files.
@@ -292,9 +310,9 @@ def _stage_files(
     from pyspark import TaskContext
 
     table = LsmTable.open(uri)
-    task = TaskContext.get()
+    task = cast(TaskContext, TaskContext.get())  # set: this runs in a Spark task
     staged = _StagedFiles(TableStorage(uri), staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
-    first_order = None
+    first_order: int | None = None
     try:
         for position in positions:
             order, name, path = listing[position]
@@ -306,7 +324,8 @@ def _stage_files(
             yield from rejected
     finally:
         files = staged.close()
-    yield from (_StagedFile(bucket, first_order, path) for bucket, path in files)
+    # A file is staged only after a listed file was read, which set ``first_order``.
+    yield from (_StagedFile(bucket, cast(int, first_order), path) for bucket, path in files)
 
 
 class _StagedFiles:

@@ -49,10 +49,10 @@ columns of that schema: the ``columns`` option or a user-given schema
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import lance
 import pyarrow as pa
@@ -188,8 +188,9 @@ class LsmReader(DataSourceReader):
             _last_wal_position(storage, state.shard_id) if tail else None,
         )
 
-    def read(self, partition: ShardRangePartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
+        partition = cast(ShardRangePartition, partition)  # one of :meth:`partitions`
         storage = TableStorage(self.uri)
         pending = [self._pending_changes(storage, pin) for pin in partition.shards]
         newer_keys = pa.concat_tables([p.select(self.primary_key) for p in pending])
@@ -197,7 +198,8 @@ class LsmReader(DataSourceReader):
         wanted = self.columns + [k for k in self.primary_key if k not in self.columns]
         dataset = lance.dataset(self.uri, version=partition.base_version, storage_options=self.storage_options)
         if partition.fragment_ids:
-            fragments = [dataset.get_fragment(f) for f in partition.fragment_ids]
+            # Ids of the pinned version's own fragments: none is missing.
+            fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
             for batch in dataset.scanner(columns=wanted, filter=where, fragments=fragments).to_batches():
                 base = key_join(pa.Table.from_batches([batch]), newer_keys, self.primary_key, "left anti")
                 if base.num_rows:
@@ -251,6 +253,8 @@ _COMPARISONS = {
     LessThan: operator.lt,
     LessThanOrEqual: operator.le,
 }
+_Comparison: TypeAlias = EqualTo | EqualNullSafe | GreaterThan | GreaterThanOrEqual | LessThan | LessThanOrEqual
+_StringMatch: TypeAlias = StringStartsWith | StringEndsWith | StringContains
 _STRING_MATCHES = {StringStartsWith: pc.starts_with, StringEndsWith: pc.ends_with, StringContains: pc.match_substring}
 
 
@@ -265,8 +269,8 @@ def _expression(f: Filter, schema: pa.Schema) -> pc.Expression | None:
     field = pc.field(column)
     if isinstance(f, EqualNullSafe) and f.value is None:
         return field.is_null()
-    if type(f) in _COMPARISONS and f.value is not None:
-        return _COMPARISONS[type(f)](field, pc.scalar(f.value))
+    if type(f) in _COMPARISONS and (value := cast(_Comparison, f).value) is not None:
+        return _COMPARISONS[type(f)](field, pc.scalar(value))
     if isinstance(f, In):
         return field.isin([v for v in f.value if v is not None])
     if isinstance(f, IsNull):
@@ -274,7 +278,7 @@ def _expression(f: Filter, schema: pa.Schema) -> pc.Expression | None:
     if isinstance(f, IsNotNull):
         return field.is_valid()
     if type(f) in _STRING_MATCHES:
-        return _STRING_MATCHES[type(f)](field, f.value)
+        return _STRING_MATCHES[type(f)](field, cast(_StringMatch, f).value)
     return None
 
 
@@ -304,7 +308,7 @@ def _last_wal_position(storage: TableStorage, shard_id: str) -> int:
     return entries[-1].position if entries else 0
 
 
-def _columns_option(options: dict) -> list[str]:
+def _columns_option(options: Mapping[str, str]) -> list[str]:
     return [c.strip() for c in str(options.get("columns", "")).split(",") if c.strip()]
 
 

@@ -91,9 +91,9 @@ def generate_changes(spec: ChangeStreamSpec) -> Iterator[pa.Table]:
         yield _batch(spec, rng, np.array(keys)[order], np.array(ops)[order], seqs[order])
 
 
-def replay(batches: list[pa.Table], key: str = "id") -> dict:
+def replay(batches: list[pa.Table], key: str = "id") -> dict[object, dict[str, object]]:
     """The oracle: apply batches in order, highest ``_seq`` wins within a batch."""
-    state: dict = {}
+    state: dict[object, dict[str, object]] = {}
     for batch in batches:
         for row in sorted(batch.to_pylist(), key=lambda r: r[SEQ_COLUMN]):
             if row[OP_COLUMN] == DELETE:
@@ -158,9 +158,9 @@ _WORDS = np.array(
 MALFORMED_KINDS = ("null key", "bad type", "unknown _op", "unknown column")
 
 
-def malformed_rows(count: int, next_key: int) -> list[dict]:
+def malformed_rows(count: int, next_key: int) -> list[dict[str, object]]:
     """``count`` rows that ingestion must quarantine, cycling through ``MALFORMED_KINDS``."""
-    rows = []
+    rows: list[dict[str, object]] = []
     for i in range(count):
         kind = MALFORMED_KINDS[i % len(MALFORMED_KINDS)]
         row = {
@@ -206,7 +206,7 @@ def write_landing_files(
 _EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
 
 
-def _write_file(batch: pa.Table, bad: list[dict], path: str, fmt: str) -> None:
+def _write_file(batch: pa.Table, bad: list[dict[str, object]], path: str, fmt: str) -> None:
     rows = batch.to_pylist() + bad
     if fmt == "jsonl":
         with open(path, "w", encoding="utf-8") as out:
@@ -227,7 +227,7 @@ def _write_file(batch: pa.Table, bad: list[dict], path: str, fmt: str) -> None:
         raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return json.dumps(value) if isinstance(value, list) else str(value)
 
 

@@ -11,6 +11,7 @@ upserts from deletes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -19,6 +20,19 @@ import pyarrow.compute as pc
 from ..errors import Rejection
 from ..format.schema import CHANGE_COLUMNS, CHANGE_OPS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
 from ..read.dedup import last_per_key
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class SupportsToArrow(Protocol):
+    """An object that converts itself to a pyarrow Table with ``to_arrow()``."""
+
+    def to_arrow(self) -> pa.Table: ...
+
+
+ChangeData: TypeAlias = "pa.Table | pa.RecordBatch | pa.RecordBatchReader | pd.DataFrame | SupportsToArrow"
+"""What :func:`to_arrow` accepts: the forms a change batch may be passed in."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class ResolvedChanges:
     deletes: pa.Table
 
 
-def to_arrow(data) -> pa.Table:
+def to_arrow(data: ChangeData) -> pa.Table:
     """Accept a pyarrow Table/RecordBatch/RecordBatchReader or a pandas DataFrame."""
     if isinstance(data, pa.Table):
         return data
@@ -61,7 +75,7 @@ def to_arrow(data) -> pa.Table:
 
 
 def validate_changes(
-    data, schema: pa.Schema, primary_key: list[str], *, reject_unknown_columns: bool = False
+    data: ChangeData, schema: pa.Schema, primary_key: list[str], *, reject_unknown_columns: bool = False
 ) -> ValidatedChanges:
     """Check every row of ``data`` against ``schema`` and the change-column rules.
 
@@ -179,7 +193,7 @@ def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str, reason
         return column.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         pass
-    values = []
+    values: list[object] = []
     for row, value in enumerate(column):
         if not value.is_valid:
             values.append(None)
