@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.ingest.landing import STAGING_DIR, IngestLedger
+from resources.lsm.ingest.landing import ARCHIVE_DIR, STAGING_DIR, IngestLedger, LandingRetention
 from resources.lsm.spark.ingest import ingest_landing_files
 from resources.lsm.testing.changegen import (
     EVENTS_SCHEMA,
@@ -90,8 +90,9 @@ def test_bad_rows_are_quarantined_with_file_row_and_reason(spark, make_table, tm
 def test_reapplying_unrecorded_files_leaves_the_view_unchanged(spark, make_table, tmp_path):
     table = make_table(EVENTS_SCHEMA, num_shards=4)
     batches = _mixed_landing(tmp_path / "landing")
-    ingest_landing_files(spark, table.uri, str(tmp_path / "landing"), str(tmp_path / "quarantine"))
-    # As if the driver died after the writes but before recording the last four files.
+    # As if the driver died after the writes but before recording (and so retiring) the last four files.
+    keep = LandingRetention("keep")
+    ingest_landing_files(spark, table.uri, str(tmp_path / "landing"), str(tmp_path / "quarantine"), retention=keep)
     ledger_dir = Path(table.uri) / "_lsm_ingest" / "files"
     for entry in sorted(ledger_dir.iterdir())[2:]:
         entry.unlink()
@@ -146,6 +147,8 @@ def test_sigkill_mid_ingestion_then_rerun_equals_the_oracle(spark, make_table, t
     assert _staging_runs(table.uri) == left_behind, "a run deletes only its own staged files"
     assert reopened.gc(orphan_grace_seconds=0, older_than=None).orphan_directories.count >= 1
     assert _staging_runs(table.uri) == [] and _view(reopened) == replay(batches)
+    # Every file is recorded once and archived, whether the killed run or the rerun recorded it.
+    assert not list((tmp_path / "landing").glob("*.parquet"))
     assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(
-        p.name for p in (tmp_path / "landing").glob("*.parquet")
+        p.name for p in (tmp_path / "landing" / ARCHIVE_DIR).glob("*.parquet")
     )
