@@ -307,14 +307,9 @@ class _LsmSystem:
 
 def spark_session():
     """The platform's session settings on ``local[2]`` (as benchmarks/ingest.py), one per process."""
-    from pyspark.sql import SparkSession
+    from resources.spark import spark_session as platform_session
 
-    from resources.spark import spark_conf
-
-    builder = SparkSession.builder
-    for key, value in spark_conf("local[2]").items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    session = platform_session("local[2]")
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -263,22 +263,16 @@ def run_spark(spark, uri: Path, landing: Path, quarantine: Path, shards: int) ->
 
 def spark_session(event_dir: Path):
     """A ``spark_conf("local[2]")`` session; the event log (for the stage profile) is the only addition."""
-    from pyspark.sql import SparkSession
-
-    from resources.spark import spark_conf
+    from resources.spark import spark_session
 
     event_dir.mkdir(parents=True, exist_ok=True)
     conf = {
-        **spark_conf("local[2]"),
         "spark.eventLog.enabled": "true",
         "spark.eventLog.dir": event_dir.as_uri(),
         "spark.eventLog.compress": "false",
         "spark.eventLog.rolling.enabled": "false",
     }
-    builder = SparkSession.builder
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    session = spark_session("local[2]", conf)
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.maintenance import make_base, median_seconds, rows_for  # noqa: E402
-from resources.lsm import LsmTable, register_spark_source  # noqa: E402
+from resources.lsm import LsmTable  # noqa: E402
 from resources.lsm.testing.changegen import EVENTS_SCHEMA  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -118,20 +118,14 @@ def bench_generations(root: Path, num_keys: int, num_shards: int, repeat: int, l
 
 
 def bench_spark(root: Path, num_keys: int, num_shards: int, repeat: int) -> dict:
-    from pyspark.sql import SparkSession
-
-    from resources.spark import spark_conf
+    from resources.spark import spark_session
 
     table = make_base(str(root / "spark.lance"), num_keys, num_shards, np.random.default_rng(11))
     parquet = root / "copy.parquet"
     pq.write_table(table.read(), parquet)
 
-    builder = SparkSession.builder
-    for key, value in spark_conf("local[2]").items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = spark_session("local[2]")  # lance_lsm registered
     spark.sparkContext.setLogLevel("ERROR")
-    register_spark_source(spark)
     readers = {
         "lance_lsm": lambda: spark.read.format("lance_lsm").load(table.uri),
         "parquet": lambda: spark.read.parquet(str(parquet)),

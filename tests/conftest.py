@@ -31,15 +31,10 @@ def make_table(tmp_path):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole test session (Dagster's PySparkResource reuses it)."""
-    from pyspark.sql import SparkSession
+    """One local SparkSession for the whole test session (the platform's SparkResource reuses it)."""
+    from resources.spark import spark_session
 
-    from resources.spark import spark_conf
-
-    builder = SparkSession.builder
-    for key, value in spark_conf("local[2]").items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    session = spark_session("local[2]")
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

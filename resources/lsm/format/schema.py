@@ -9,6 +9,7 @@ into ``_tombstone`` rows.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 PRIMARY_KEY_METADATA = b"lance-schema:unenforced-primary-key"
 
@@ -73,6 +74,11 @@ def without_internal_columns(table: pa.Table) -> pa.Table:
     """Drop MemWAL's bookkeeping columns (``_tombstone`` and friends)."""
     internal = [name for name in table.column_names if name in INTERNAL_COLUMNS]
     return table.drop_columns(internal) if internal else table
+
+
+def live_rows(changes: pa.Table) -> pa.Table:
+    """The upserts of a change table with ``_tombstone`` (deletes dropped), without that column."""
+    return changes.filter(pc.invert(changes[TOMBSTONE_COLUMN])).drop_columns([TOMBSTONE_COLUMN])
 
 
 def empty_tail(schema: pa.Schema) -> pa.Table:

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
 
-from ..format.schema import TOMBSTONE_COLUMN, without_internal_columns
+from ..format.schema import TOMBSTONE_COLUMN, live_rows, without_internal_columns
 from ..format.shard_state import ShardState
 from .generations import newest_per_key, read_generations
 from .pk_bloom import GenerationFilters
@@ -110,7 +110,7 @@ def scan(
     # The filter may name columns the caller did not ask for: read them all then.
     newer = pending_changes(snapshot, dataset.schema.names if filter else wanted)
     older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
-    live = _live(newer)
+    live = live_rows(newer)
     if filter:
         live = _filter_sql(live, filter)
     return pa.concat_tables([older.select(wanted), live.select(wanted).cast(older.select(wanted).schema)]).select(
@@ -289,7 +289,7 @@ def lookup(
         generations = filters.candidates(shard, [one_key[k][0].as_py() for k in key])
         plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
         found.append(without_internal_columns(plan.to_table()))
-    live_tail = _live(key_join(snapshot.tail, keys, key, "left semi"))
+    live_tail = live_rows(key_join(snapshot.tail, keys, key, "left semi"))
     parts = [t.select(wanted) for t in found if t.num_rows] + [live_tail.select(wanted)]
     schema = pa.schema([snapshot.dataset.schema.field(c) for c in wanted])
     return pa.concat_tables([p.cast(schema) for p in parts]).select(columns)
@@ -313,11 +313,6 @@ class _Planners:
                 self._snapshot.dataset, [_shard_snapshot(shard, generations)], list(self._snapshot.primary_key)
             )
         return self._planners[cache_key]
-
-
-def _live(tail: pa.Table) -> pa.Table:
-    """Tail rows that are upserts, without the tombstone column."""
-    return tail.filter(pc.invert(tail[TOMBSTONE_COLUMN])).drop_columns([TOMBSTONE_COLUMN])
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:

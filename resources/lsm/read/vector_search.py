@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import LsmVectorSearchPlanner
 
-from ..format.schema import TOMBSTONE_COLUMN, without_internal_columns
+from ..format.schema import live_rows, without_internal_columns
 from .merged_read import ReadSnapshot, key_join
 
 CONFIG_VECTOR_INDEX = "lsm.vector_index"
@@ -237,8 +237,7 @@ def _tail_levels(
     Lance itself scores and filters them, so the SQL dialect and the distance
     definition are the same as the indexed levels'.
     """
-    live = tail.filter(np.invert(tail[TOMBSTONE_COLUMN].to_numpy(zero_copy_only=False)))
-    live = live.drop_columns([TOMBSTONE_COLUMN])
+    live = live_rows(tail)
     if live.num_rows == 0:
         return live.select(wanted).append_column(DISTANCE, pa.array([], pa.float32()))
     with tempfile.TemporaryDirectory(prefix="lsm-tail-") as tmp:

@@ -80,7 +80,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from ..format.schema import TOMBSTONE_COLUMN, empty_tail
+from ..format.schema import empty_tail, live_rows
 from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
@@ -205,7 +205,7 @@ class LsmReader(DataSourceReader):
                 if base.num_rows:
                     yield from self._output(base)
         mine = pending[partition.index]
-        live = mine.filter(pc.invert(mine[TOMBSTONE_COLUMN]))
+        live = live_rows(mine)
         yield from self._output(live.filter(where) if where is not None else live)
 
     def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
