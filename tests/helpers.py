@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -80,3 +85,24 @@ def resolved_job(job, resources: dict):
         jobs=[job],
         resources={**(defs.resources or {}), **resources},
     ).resolve_job_def(job.name)
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli_job(job: str, env: dict[str, str], config: Path | None = None, timeout: float = 600) -> str:
+    """Run ``dagster job execute -m definitions -j job`` as a user would; assert it succeeded; return its output.
+
+    ``env`` is added to this process's environment (``DAGSTER_HOME``, ``LSM_*``).
+    """
+    dagster = Path(sys.executable).with_name("dagster")
+    command = [str(dagster), "job", "execute", "-m", "definitions", "-j", job]
+    if config is not None:
+        command += ["-c", str(config)]
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "RUN_SUCCESS" in output, output[-5000:]
+    return output

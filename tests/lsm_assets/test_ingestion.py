@@ -21,7 +21,7 @@ from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, 
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import rows_by_key
+from tests.helpers import rows_by_key, run_cli_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,18 +117,8 @@ def test_region_writer_resource_fenced_by_another_writer_loses_nothing(locations
 def test_ingest_job_runs_from_the_cli_with_env_defaults(locations):
     spec = ChangeStreamSpec(num_keys=100, num_batches=2, batch_size=100, seed=8)
     batches = write_landing_files(spec, str(locations / "landing"))
-    env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
-    os.makedirs(env["DAGSTER_HOME"])
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    os.makedirs(locations / "dagster_home")
+    run_cli_job("ingest_job", {"DAGSTER_HOME": str(locations / "dagster_home")})
     assert _view(str(locations / "table.lance")) == replay(batches)
 
 
