@@ -58,7 +58,7 @@ class Message:
 
     def bytes(self, number: builtins.int) -> builtins.bytes | None:
         values = self.fields.get(number)
-        return bytes(values[-1]) if values else None
+        return _as_bytes(values[-1], number) if values else None
 
     def string(self, number: builtins.int) -> str | None:
         raw = self.bytes(number)
@@ -69,20 +69,14 @@ class Message:
         return decode(raw) if raw is not None else None
 
     def messages(self, number: builtins.int) -> list[Message]:
-        return [decode(bytes(raw)) for raw in self.fields.get(number, [])]
+        return [decode(_as_bytes(raw, number)) for raw in self.fields.get(number, [])]
 
-    def packed_ints(self, number: builtins.int) -> list[builtins.int]:
-        """A repeated integer field, packed or not."""
-        values: list[builtins.int] = []
-        for raw in self.fields.get(number, []):
-            if isinstance(raw, int):
-                values.append(raw)
-                continue
-            pos = 0
-            while pos < len(raw):
-                value, pos = _read_varint(raw, pos)
-                values.append(value)
-        return values
+
+def _as_bytes(raw: builtins.int | bytes, number: builtins.int) -> bytes:
+    """A length-delimited field's bytes; a varint there means the data is not what the decoder expects."""
+    if isinstance(raw, int):
+        raise ProtobufDecodeError(f"field {number} is a varint where a length-delimited value was expected")
+    return bytes(raw)
 
 
 def decode(data: bytes) -> Message:
