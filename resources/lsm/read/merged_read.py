@@ -243,6 +243,8 @@ class PendingGenerations:
             map=_readers().map,
         )
         resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
+        if resolved.nbytes > self._max_bytes:
+            return resolved  # not kept: it would evict every other entry and then itself
         with self._lock:
             self._entries[cache_key] = resolved
             while self._entries and (

@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
+from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
@@ -96,3 +97,14 @@ def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path)
     roomy = merged_read.PendingGenerations(max_bytes=first.nbytes)
     kept = roomy.resolved(snapshot, shape)
     assert roomy.resolved(snapshot, shape) is kept and kept.equals(first)
+
+
+def test_a_result_over_the_byte_budget_does_not_evict_the_others(tmp_path):
+    table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    snapshot = table.snapshot(fresh=False)
+    narrow = pa.schema([snapshot.tail.schema.field(c) for c in ("id", TOMBSTONE_COLUMN)])
+    small = merged_read.PendingGenerations().resolved(snapshot, narrow)
+    cache = merged_read.PendingGenerations(max_bytes=small.nbytes)
+    kept = cache.resolved(snapshot, narrow)
+    cache.resolved(snapshot, snapshot.tail.schema)  # every column: over the budget
+    assert cache.resolved(snapshot, narrow) is kept
