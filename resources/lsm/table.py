@@ -457,7 +457,22 @@ class LsmTable:
     # ------------------------------------------------------------------- reads
 
     def read(self, columns: list[str] | None = None, filter: str | None = None, fresh: bool = True) -> pa.Table:
-        """The merged view: newest version of every live key.
+        """The merged view: newest version of every live key, as one table.
+
+        Parameters are those of :meth:`scanner`; use it to stream a view too
+        large for memory.
+        """
+        return self.scanner(columns, filter, fresh).read_all()
+
+    def scanner(
+        self, columns: list[str] | None = None, filter: str | None = None, fresh: bool = True
+    ) -> pa.RecordBatchReader:
+        """The merged view as a stream of record batches, in bounded memory.
+
+        Memory holds the pending changes (one row per key changed since the
+        last merge) and a few base batches, whatever the base's size. Any
+        Arrow consumer reads the stream directly (``duckdb.from_arrow``,
+        ``polars.from_arrow``, ``pyarrow.dataset``); closing it stops the scan.
 
         Parameters
         ----------
@@ -511,9 +526,8 @@ class LsmTable:
         return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names, self._generation_filters)
 
     def count(self, fresh: bool = True) -> int:
-        """Number of live keys in the merged view."""
-        live: int = self.read(columns=list(self.primary_key), fresh=fresh).num_rows
-        return live
+        """Number of live keys in the merged view (streamed: memory does not grow with the table)."""
+        return sum(batch.num_rows for batch in self.scanner(columns=list(self.primary_key), fresh=fresh))
 
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""

@@ -28,8 +28,9 @@ import os
 import queue
 import tempfile
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -95,60 +96,103 @@ def scan(
     pin_levels: Callable[[], ReadSnapshot],
     columns: list[str],
     filter: str | None,
-) -> pa.Table:
-    """Rows of the merged view matching ``filter`` (Lance SQL), projected to ``columns``.
+) -> pa.RecordBatchReader:
+    """Batches of the merged view matching ``filter`` (Lance SQL), projected to ``columns``.
 
     ``dataset`` is the pinned base version; ``pin_levels`` pins the levels
     above it (a :class:`ReadSnapshot` of ``dataset``) and runs while the base
     scan starts. The filter applies to each key's newest version only: a base
     row is dropped whenever its key has a pending change, matching or not.
+
+    Memory is bounded by the pending levels (the change, resolved to one row
+    per key) plus a few base batches: the base streams through, its batches
+    filtered on the reader threads while the scan goes on, base rows first and
+    the pending upserts last. Closing (or dropping) the reader stops the scan.
     """
     key = list(primary_key)
     wanted = columns + [k for k in key if k not in columns]
     base = _BaseBatches(dataset, wanted, filter)
-    snapshot = pin_levels()
-    # The filter may name columns the caller did not ask for: read them all then.
-    newer = pending_changes(snapshot, dataset.schema.names if filter else wanted)
-    older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
+    try:
+        snapshot = pin_levels()
+        # The filter may name columns the caller did not ask for: read them all then.
+        newer = pending_changes(snapshot, dataset.schema.names if filter else wanted)
+    except BaseException:
+        base.close()
+        raise
     live = live_rows(newer)
     if filter:
         live = _filter_sql(live, filter)
-    return pa.concat_tables([older.select(wanted), live.select(wanted).cast(older.select(wanted).schema)]).select(
-        columns
-    )
+    schema = pa.schema([dataset.schema.field(c) for c in columns])
+    older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
+    weakref.finalize(older, base.close)  # a reader dropped unread stops the scan too
+    newest = live.select(columns).cast(schema).to_batches()
+    return pa.RecordBatchReader.from_batches(schema, _chain((b.select(columns) for b in older), newest))
+
+
+def _chain(*parts: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for part in parts:
+        yield from (batch for batch in part if batch.num_rows)
 
 
 class _BaseBatches:
-    """The base scan, started on a reader thread at once and drained by :meth:`without`."""
+    """The base scan, started on a reader thread at once and drained by :meth:`without`.
+
+    At most ``_IN_FLIGHT`` batches are read ahead of the consumer, so a slow
+    consumer holds the scan back instead of buffering the table. The scan runs
+    on a thread of its own: a pool thread blocked on a slow consumer could
+    starve the filtering that consumer waits for.
+    """
 
     _END = object()
+    _IN_FLIGHT = 2 * _READERS
 
     def __init__(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
-        self._schema = pa.schema([dataset.schema.field(c) for c in columns])
         # Record batches, then ``_END`` or the exception that stopped the scan.
-        self._batches: queue.SimpleQueue[pa.RecordBatch | BaseException | object] = queue.SimpleQueue()
-        _readers().submit(self._pump, dataset, columns, filter)
+        self._batches: queue.Queue[pa.RecordBatch | BaseException | object] = queue.Queue(self._IN_FLIGHT)
+        self._closed = threading.Event()
+        threading.Thread(target=self._pump, args=(dataset, columns, filter), name="lsm-base-scan", daemon=True).start()
 
     def _pump(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
         try:
             for batch in dataset.to_batches(columns=columns, filter=filter, batch_size=_BASE_BATCH_ROWS):
-                self._batches.put(batch)
-            self._batches.put(self._END)
+                if not self._put(batch):
+                    return
+            self._put(self._END)
         except BaseException as exc:  # handed to the reading thread, which raises it
-            self._batches.put(exc)
+            self._put(exc)
 
-    def without(self, keys: _KeyFilter) -> pa.Table:
+    def _put(self, item: pa.RecordBatch | BaseException | object) -> bool:
+        """Queue ``item`` once there is room; ``False`` if the reader was closed meanwhile."""
+        while not self._closed.is_set():
+            try:
+                self._batches.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        """Stop the scan (the pump thread returns at its next batch)."""
+        self._closed.set()
+
+    def without(self, keys: _KeyFilter) -> Iterator[pa.RecordBatch]:
         """Every base row whose key is not in ``keys``, in scan order.
 
         Batches are filtered on the reader threads while the scan goes on
-        (numpy and Arrow kernels release the GIL).
+        (numpy and Arrow kernels release the GIL), ``_IN_FLIGHT`` at a time.
         """
-        parts: list[Future[pa.Table]] = []
-        while (item := self._batches.get()) is not self._END:
-            if isinstance(item, BaseException):
-                raise item
-            parts.append(_readers().submit(keys.drop_from, item))
-        return pa.concat_tables([self._schema.empty_table(), *(p.result() for p in parts)])
+        pending: deque[Future[pa.Table]] = deque()
+        try:
+            while (item := self._batches.get()) is not self._END:
+                if isinstance(item, BaseException):
+                    raise item
+                pending.append(_readers().submit(keys.drop_from, item))
+                if len(pending) >= self._IN_FLIGHT:
+                    yield from pending.popleft().result().to_batches()
+            while pending:
+                yield from pending.popleft().result().to_batches()
+        finally:
+            self.close()
 
 
 class _KeyFilter:

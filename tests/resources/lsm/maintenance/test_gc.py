@@ -79,7 +79,7 @@ def test_a_generation_stays_while_a_retained_base_version_lists_it(tmp_path):
     pinned = lance.dataset(table.uri, version=before_merge)
     states = table.shard_states(pinned)
     snapshot = merged_read.ReadSnapshot(pinned, tuple(states), empty_tail(table.schema), ("id",))
-    scanned = merged_read.scan(pinned, ["id"], lambda: snapshot, table.schema.names, None)
+    scanned = merged_read.scan(pinned, ["id"], lambda: snapshot, table.schema.names, None).read_all()
     assert rows_by_key(scanned) == oracle_view(batches[:-1])
 
     collected = table.gc(**EVERYTHING)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pyarrow as pa
@@ -108,3 +110,32 @@ def test_a_result_over_the_byte_budget_does_not_evict_the_others(tmp_path):
     kept = cache.resolved(snapshot, narrow)
     cache.resolved(snapshot, snapshot.tail.schema)  # every column: over the budget
     assert cache.resolved(snapshot, narrow) is kept
+
+
+def test_the_scanner_streams_the_merged_view_and_stops_when_dropped(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    reader = table.scanner(columns=["id", "status"], filter="status = 'paid'")
+    assert isinstance(reader, pa.RecordBatchReader) and reader.schema.names == ["id", "status"]
+    streamed = reader.read_all()
+    expected = {k: {"id": k[0], "status": "paid"} for k, v in oracle_view(batches).items() if v["status"] == "paid"}
+    assert rows_by_key(streamed) == expected == rows_by_key(table.read(["id", "status"], "status = 'paid'"))
+
+    for _ in range(3):
+        started = table.scanner()
+        next(iter(started))  # read one batch, then walk away
+        del started
+    deadline = time.monotonic() + 10
+    while any(t.name == "lsm-base-scan" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "lsm-base-scan" for t in threading.enumerate())
+
+
+def test_duckdb_and_polars_read_the_merged_view_directly(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    polars = pytest.importorskip("polars")
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    oracle = oracle_view(batches)
+    merged = duckdb.from_arrow(table.scanner())
+    assert merged.aggregate("count(*), count(distinct id)").fetchall() == [(len(oracle), len(oracle))]
+    frame = polars.from_arrow(table.scanner(columns=["id", "amount"]))
+    assert frame.height == len(oracle) and frame["id"].n_unique() == len(oracle)
