@@ -322,19 +322,27 @@ def lookup(
 
     ``buckets`` holds each key's bucket; ``snapshot`` must cover those shards.
     A key's lookup plans over its own shard only, and only over the pending
-    generations that ``filters`` says may hold it.
+    generations that ``filters`` says may hold it. Single-column keys that no
+    pending generation may hold are read from the base in one indexed query
+    (Lance's BTREE on the key), the cost of Lance's own point lookup.
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
     shards = {s.bucket: s for s in snapshot.shards}
     planners = _Planners(snapshot)
-    found = []
+    found, base_only = [], []
     for i in np.flatnonzero(~key_mask(keys, snapshot.tail, key)):
         one_key = keys.slice(int(i), 1)
         shard = shards[int(buckets[i])]
         generations = filters.candidates(shard, [one_key[k][0].as_py() for k in key])
+        if not generations and len(key) == 1:
+            base_only.append(int(i))
+            continue
         plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
         found.append(without_internal_columns(plan.to_table()))
+    if base_only:
+        values = keys.column(key[0]).take(base_only)
+        found.append(snapshot.dataset.to_table(columns=wanted, filter=pc.field(key[0]).isin(values)))
     live_tail = live_rows(key_join(snapshot.tail, keys, key, "left semi"))
     parts = [t.select(wanted) for t in found if t.num_rows] + [live_tail.select(wanted)]
     schema = pa.schema([snapshot.dataset.schema.field(c) for c in wanted])
