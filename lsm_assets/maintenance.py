@@ -37,7 +37,7 @@ class ShardsConfig(Config):
 
 class FlushConfig(ShardsConfig):
     idle_seconds: float = Field(
-        default=30.0, description=("Skip a shard whose WAL was written this recently: a writer may be live.")
+        default=30.0, description="Skip a shard whose WAL was written this recently: a writer may be live."
     )
 
 
@@ -85,29 +85,25 @@ def shard_metadata(per_shard: dict[int, dict[str, float]], totals: dict[str, Any
 
 
 def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: FlushConfig) -> dict[str, Any]:
-    """Flush each selected shard's unflushed WAL into a generation unless a writer may be live."""
+    """Flush the selected shards' unflushed WAL into generations (in parallel), skipping live writers."""
     live_runs = live_writer_runs(context.instance, exclude_run_id=context.run.run_id)
+    to_flush = [
+        s
+        for s in selected_shards(table, config.shards)
+        if s.unflushed_wal_entries and _quiet(context, s, live_runs, config)
+    ]
+    if to_flush:
+        table.flush([s.shard_id for s in to_flush])
     flushed: dict[int, dict[str, float]] = {}
-    for state in selected_shards(table, config.shards):
-        last_write_age = _age_seconds(state.unflushed_wal_last_mtime_ns)
-        if not state.unflushed_wal_entries:
-            continue
-        if live_runs:
-            context.log.info(f"shard {state.bucket}: skipped, writer runs in progress: {live_runs}")
-        elif last_write_age is not None and last_write_age < config.idle_seconds:
-            context.log.info(
-                f"shard {state.bucket}: skipped, WAL written {last_write_age:.1f}s ago (writer may be live)"
-            )
-        else:
-            table.flush(state.shard_id)
-            context.log.info(
-                f"shard {state.bucket}: flushed {state.unflushed_wal_entries} WAL entries "
-                f"({state.unflushed_wal_bytes} bytes) into a new generation"
-            )
-            flushed[state.bucket] = {
-                "wal_entries_flushed": state.unflushed_wal_entries,
-                "wal_bytes_flushed": state.unflushed_wal_bytes,
-            }
+    for state in to_flush:
+        context.log.info(
+            f"shard {state.bucket}: flushed {state.unflushed_wal_entries} WAL entries "
+            f"({state.unflushed_wal_bytes} bytes) into a new generation"
+        )
+        flushed[state.bucket] = {
+            "wal_entries_flushed": state.unflushed_wal_entries,
+            "wal_bytes_flushed": state.unflushed_wal_bytes,
+        }
     after = {s.bucket: s for s in selected_shards(table, config.shards)}
     per_shard = {
         b: {
@@ -119,6 +115,18 @@ def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: Flus
         for b, s in after.items()
     }
     return shard_metadata(per_shard, _sums(per_shard))
+
+
+def _quiet(context: AssetExecutionContext, state: "ShardState", live_runs: list[str], config: FlushConfig) -> bool:
+    """Whether no writer may be live on ``state``'s shard (logging why not): flushing claims the shard."""
+    if live_runs:
+        context.log.info(f"shard {state.bucket}: skipped, writer runs in progress: {live_runs}")
+        return False
+    last_write_age = _age_seconds(state.unflushed_wal_last_mtime_ns)
+    if last_write_age is not None and last_write_age < config.idle_seconds:
+        context.log.info(f"shard {state.bucket}: skipped, WAL written {last_write_age:.1f}s ago (writer may be live)")
+        return False
+    return True
 
 
 @asset(group_name="maintenance", deps=[ingested_changes], kinds={"lance"})
