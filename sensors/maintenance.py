@@ -60,13 +60,13 @@ def shard_sensor(
     skip_while_writing: bool = False,
     interval_seconds: int = 30,
 ) -> SensorDefinition:
-    """A sensor requesting one run of ``job`` for every shard where ``trigger`` decides so.
+    """A sensor requesting one run of ``job`` for all the shards where ``trigger`` decides so.
 
     The run's config sets ``shards`` on the ``asset_name`` step. With
     ``skip_while_writing`` the whole tick is skipped while a run holding shard
     writers is in progress.
     """
-    kind = job.tags[MAINTENANCE_TAG] if job.tags else None
+    kind = (job.tags or {}).get(MAINTENANCE_TAG, job.name)
 
     @sensor(
         name=name,
@@ -97,7 +97,7 @@ def shard_sensor(
         request = RunRequest(
             run_key=run_key,
             run_config={"ops": {asset_name: {"config": {"shards": buckets}}}},
-            tags={MAINTENANCE_TAG: kind or job.name, "lsm/shards": ",".join(map(str, buckets))},
+            tags={MAINTENANCE_TAG: kind, "lsm/shards": ",".join(map(str, buckets))},
         )
         cursor = json.dumps({str(b): decisions[b].key for b in buckets}, sort_keys=True)
         return SensorResult(run_requests=[request], cursor=cursor)
