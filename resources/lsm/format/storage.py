@@ -82,6 +82,11 @@ class TableStorage:
 
     def __init__(self, uri: str, storage_options: StorageOptions | None = None) -> None:
         self.fs, self.root = filesystem(uri, storage_options)
+        self.location, self.storage_options = uri, storage_options
+
+    def uri(self, relative: str) -> str:
+        """``relative`` as Lance opens it (a URI, or an absolute local path); pass :attr:`storage_options` too."""
+        return join(self.location, relative)
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
