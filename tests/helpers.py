@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
 from resources.lsm.format.shard_manifest import list_wal_entries, position_name, shard_dir
 from resources.lsm.format.wal import read_wal_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def execute_job(job: str, env: Mapping[str, str], *args: str) -> str:
+    """Run ``dagster job execute -m definitions -j <job> <args>`` from the repository root.
+
+    Asserts that the run succeeded; returns its output (stdout and stderr).
+    """
+    dagster = Path(sys.executable).with_name("dagster")
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", job, *args],
+        cwd=ROOT,
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "RUN_SUCCESS" in output, f"{job}: {output[-5000:]}"
+    return output
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:

@@ -7,31 +7,13 @@ standard ``AWS_*`` environment variables only, as a deployment would.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 from resources.lsm import LsmTable
 from resources.lsm.format.storage import TableStorage
 from resources.lsm.testing.changegen import ChangeStreamSpec, replay, write_landing_files
-from tests.helpers import rows_by_key
+from tests.helpers import execute_job, rows_by_key
 
-ROOT = Path(__file__).resolve().parents[1]
 JOBS = ("ingest_job", "flush_job", "merge_job", "gc_job", "quality_job")
-
-
-def _run(job: str, env: dict[str, str]) -> None:
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", job],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0 and "RUN_SUCCESS" in output, f"{job}: {output[-4000:]}"
 
 
 def test_ingest_flush_merge_gc_quality_jobs_on_s3_equal_the_oracle(s3_root, tmp_path):
@@ -48,7 +30,7 @@ def test_ingest_flush_merge_gc_quality_jobs_on_s3_equal_the_oracle(s3_root, tmp_
     }
 
     for job in JOBS:
-        _run(job, env)
+        execute_job(job, env)
 
     table = LsmTable.open(env["LSM_TABLE_URI"])
     oracle = replay(batches)
