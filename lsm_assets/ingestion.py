@@ -118,6 +118,7 @@ def ingest(
         writers=writers,
         max_files=max_files,
         retention=retention,
+        storage_options=table.storage_options,
     )
     if not report.files:
         return {}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -38,3 +41,25 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A ``moto_server`` process on 127.0.0.1 (a free port) with the bucket ``lsm-tests``, for the whole session."""
+    from tests.s3_server import moto_server
+
+    with moto_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_root(s3_server, monkeypatch, request):
+    """An empty ``s3://`` prefix for this test, with the ``AWS_*`` environment pointing at the server."""
+    import uuid
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
+    return f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}"

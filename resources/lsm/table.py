@@ -137,7 +137,7 @@ class LsmTable:
         self.shard_ids: list[str] = json.loads(config[_CONFIG_SHARD_IDS])
         self.schema: pa.Schema = dataset.schema
         self.writer_config: dict[str, Any] = dict(details.get("writer_config_defaults") or {})
-        self.storage = TableStorage(uri)
+        self.storage = TableStorage(uri, storage_options)
         # Caches of one Lance session: a base lookup through a warm index cache
         # takes half the time of one through a cold one.
         self._session = lance.Session()

@@ -2,14 +2,69 @@
 
 Backed by ``pyarrow.fs`` so the same code reads a local directory or an object
 store URI (``s3://...``). All paths are relative to the table root.
+:func:`filesystem` resolves any location (table, landing directory,
+quarantine, a landing file) the same way.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import pyarrow.fs as pafs
+
+StorageOptions: TypeAlias = dict[str, str]
+"""Lance's object-store options (``aws_endpoint``, ``aws_region``, ``allow_http``, ...).
+
+Keys are case-insensitive, as in Lance. ``None`` or empty: the standard
+``AWS_*`` environment variables configure both Lance and pyarrow.
+"""
+
+# Lance storage-option keys (object_store's S3 aliases) -> pyarrow.fs.S3FileSystem arguments.
+_S3_ARGUMENTS = {
+    "aws_access_key_id": "access_key",
+    "access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "session_token": "session_token",
+    "aws_region": "region",
+    "region": "region",
+    "aws_endpoint": "endpoint_override",
+    "aws_endpoint_url": "endpoint_override",
+    "endpoint": "endpoint_override",
+    "endpoint_url": "endpoint_override",
+}
+
+
+def filesystem(location: str, storage_options: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem holding ``location`` and its path there (no trailing ``/``).
+
+    ``location`` is a local path (made absolute, as today) or a URI. An
+    ``s3://`` URI with ``storage_options`` gets an ``S3FileSystem`` built
+    from the options pyarrow understands (credentials, region, endpoint: an
+    ``http://`` endpoint is used as plain HTTP); anything the options leave
+    out comes from the environment, as for every other URI. Nothing is
+    contacted until the filesystem is used.
+    """
+    if "://" not in location:
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    if storage_options and location.startswith("s3://"):
+        return _s3_filesystem(storage_options), location.removeprefix("s3://").rstrip("/")
+    fs, path = pafs.FileSystem.from_uri(location)
+    return fs, path.rstrip("/")
+
+
+def _s3_filesystem(storage_options: StorageOptions) -> pafs.S3FileSystem:
+    arguments = {_S3_ARGUMENTS[k.lower()]: v for k, v in storage_options.items() if k.lower() in _S3_ARGUMENTS}
+    return pafs.S3FileSystem(**arguments)
+
+
+def join(location: str, name: str) -> str:
+    """``name`` below the directory ``location``: a URI, or an absolute local path."""
+    return f"{location.rstrip('/')}/{name}" if "://" in location else os.path.join(os.path.abspath(location), name)
 
 
 @dataclass(frozen=True)
@@ -20,11 +75,18 @@ class FileEntry:
 
 
 class TableStorage:
-    """Read-mostly access to files below one Lance table's root."""
+    """Read-mostly access to files below one root directory (a table's, a landing directory).
 
-    def __init__(self, uri: str) -> None:
-        self.fs, root = pafs.FileSystem.from_uri(uri)
-        self.root = root.rstrip("/")
+    ``storage_options`` as for :func:`filesystem`: the options the table was opened with.
+    """
+
+    def __init__(self, uri: str, storage_options: StorageOptions | None = None) -> None:
+        self.fs, self.root = filesystem(uri, storage_options)
+        self.location, self.storage_options = uri, storage_options
+
+    def uri(self, relative: str) -> str:
+        """``relative`` as Lance opens it (a URI, or an absolute local path); pass :attr:`storage_options` too."""
+        return join(self.location, relative)
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
@@ -41,8 +103,17 @@ class TableStorage:
 
     def list_dir(self, relative: str) -> list[FileEntry]:
         """Direct children of a directory (empty if it does not exist)."""
+        return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in self._children(relative)]
+
+    def list_files(self, relative: str) -> list[FileEntry]:
+        """Direct children of a directory that are files, not directories (empty if it does not exist)."""
+        files = (info for info in self._children(relative) if info.type == pafs.FileType.File)
+        return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in files]
+
+    def _children(self, relative: str) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
-        return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in self.fs.get_file_info(selector)]
+        infos: list[pafs.FileInfo] = self.fs.get_file_info(selector)
+        return infos
 
     def move(self, relative: str, to: str) -> None:
         """Move a file (a rename where the store has one), creating ``to``'s directory."""

@@ -11,11 +11,17 @@ Once recorded, a file is retired per :class:`LandingRetention`: moved to
 ``<landing dir>/_archive/`` (the default; archived files are deleted after
 ``archive_max_age_seconds``, counted from their modification time), deleted,
 or kept in place.
+
+Every location (landing directory, landing file, table) is a local path or a
+URI (``s3://...``), reached through ``pyarrow.fs``
+(:func:`~resources.lsm.format.storage.filesystem`); ``storage_options`` are
+the table's (see :class:`~resources.lsm.format.storage.TableStorage`).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
@@ -28,7 +34,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..errors import Rejection
-from ..format.storage import TableStorage
+from ..format.storage import StorageOptions, TableStorage, filesystem, join
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LEDGER_DIR = "_lsm_ingest/files"
@@ -52,27 +58,22 @@ class LandingFile:
     size: int
 
 
-def list_landing_files(landing_dir: str) -> list[LandingFile]:
-    """Supported files directly in ``landing_dir``, in file-name order.
+def list_landing_files(landing_dir: str, storage_options: StorageOptions | None = None) -> list[LandingFile]:
+    """Supported files directly in ``landing_dir`` (local or a URI), in file-name order.
 
-    Names starting with ``.`` or ``_`` (temporary files, the quarantine) are skipped.
+    Names starting with ``.`` or ``_`` (temporary files, the quarantine) are
+    skipped. A missing directory has no files. Each ``path`` is absolute (a
+    local path) or a URI.
     """
-    if not os.path.isdir(landing_dir):
-        return []
-    names = sorted(
-        n
-        for n in os.listdir(landing_dir)
-        if n[:1] not in "._"
-        and os.path.splitext(n)[1].lower() in FORMATS
-        and os.path.isfile(os.path.join(landing_dir, n))
-    )
-    return [
-        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)), os.path.getsize(os.path.join(landing_dir, n)))
-        for i, n in enumerate(names)
-    ]
+    files = {
+        f.name: f.size
+        for f in TableStorage(landing_dir, storage_options).list_files("")
+        if f.name[:1] not in "._" and os.path.splitext(f.name)[1].lower() in FORMATS
+    }
+    return [LandingFile(i, n, join(landing_dir, n), files[n]) for i, n in enumerate(sorted(files))]
 
 
-def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
+def read_landing_file(path: str, storage_options: StorageOptions | None = None) -> tuple[pa.Table, list[Rejection]]:
     """Read a change file as-is (values are cast and validated later).
 
     CSV values are read as strings so that a bad value rejects its row, not
@@ -86,33 +87,35 @@ def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
     """
     kind = FORMATS.get(os.path.splitext(path)[1].lower())
     try:
-        if kind == "parquet":
-            return pq.ParquetFile(path).read(), []
-        if kind == "csv":
-            return _read_csv(path), []
-        if kind == "json":
-            return _read_json_lines(path)
+        fs, fs_path = filesystem(path, storage_options)
+        with fs.open_input_file(fs_path) as source:
+            if kind == "parquet":
+                return pq.ParquetFile(source).read(), []
+            if kind == "csv":
+                return _read_csv(source), []
+            if kind == "json":
+                return _read_json_lines(source)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
         raise UnreadableFileError(f"{path}: cannot be read as {kind}: {exc}") from exc
     raise UnreadableFileError(f"{path}: unsupported file type")
 
 
-def _read_csv(path: str) -> pa.Table:
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
+def _read_csv(source: pa.NativeFile) -> pa.Table:
+    data = source.read_buffer()
+    header = next(csv.reader(_text(data, newline="")), [])
     as_strings = {name: pa.string() for name in header}
     return pacsv.read_csv(
-        path,
+        pa.BufferReader(data),
         convert_options=pacsv.ConvertOptions(
             column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False
         ),
     )
 
 
-def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
+def _read_json_lines(source: pa.NativeFile) -> tuple[pa.Table, list[Rejection]]:
     rows: list[dict[str, object]] = []
     rejections: list[Rejection] = []
-    with open(path, encoding="utf-8") as lines:
+    with _text(source.read_buffer(), newline=None) as lines:
         for number, line in enumerate(line for line in lines if line.strip()):
             try:
                 value = json.loads(line)
@@ -129,6 +132,11 @@ def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
     if not columns:  # every line rejected: keep the row count
         table = pa.table({"_op": pa.nulls(len(rows), pa.string())})
     return table, rejections
+
+
+def _text(data: pa.Buffer, newline: str | None) -> io.TextIOWrapper:
+    """``data`` as UTF-8 text, as ``open(..., encoding="utf-8", newline=newline)`` reads a file."""
+    return io.TextIOWrapper(pa.BufferReader(data), encoding="utf-8", newline=newline)
 
 
 def _json_column(values: list[object]) -> pa.Array:
@@ -161,8 +169,8 @@ class LedgerEntry:
 class IngestLedger:
     """Which landing files are already in the table (one small JSON file each)."""
 
-    def __init__(self, table_uri: str) -> None:
-        self._storage = TableStorage(table_uri)
+    def __init__(self, table_uri: str, storage_options: StorageOptions | None = None) -> None:
+        self._storage = TableStorage(table_uri, storage_options)
 
     def ingested_names(self) -> set[str]:
         return {f.name[: -len(".json")] for f in self._storage.list_dir(LEDGER_DIR) if f.name.endswith(".json")}
@@ -204,14 +212,19 @@ class LandingRetention:
     archive_max_age_seconds: float = 7 * 24 * 3600.0
 
 
-def retire_landing_files(landing_dir: str, names: Iterable[str], retention: LandingRetention) -> int:
+def retire_landing_files(
+    landing_dir: str,
+    names: Iterable[str],
+    retention: LandingRetention,
+    storage_options: StorageOptions | None = None,
+) -> int:
     """Archive or delete the recorded landing files ``names``, then archived files past their age.
 
     Call only for files the ledger recorded. Returns the landing files retired.
     """
     if retention.mode == "keep":
         return 0
-    storage = TableStorage(_absolute(landing_dir))
+    storage = TableStorage(landing_dir, storage_options)
     retired = 0
     for name in names:
         if retention.mode == "archive":
@@ -224,10 +237,6 @@ def retire_landing_files(landing_dir: str, names: Iterable[str], retention: Land
         if entry.mtime_ns is not None and entry.mtime_ns < expired_ns:
             storage.delete_file(f"{ARCHIVE_DIR}/{entry.name}")
     return retired
-
-
-def _absolute(path: str) -> str:
-    return path if "://" in path else os.path.abspath(path)
 
 
 def new_ledger_entry(file: LandingFile, rows: int, rejected: int, run_id: str) -> LedgerEntry:

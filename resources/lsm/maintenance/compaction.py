@@ -423,7 +423,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         fragments_added=files.fragments_added if files else 0,
         indices_optimized=optimize,
         skipped_by_conflict=False,
-        base_version=lance.dataset(dataset.uri).version,
+        base_version=dataset.latest_version,  # the dataset's own store: no storage options lost
     )
 
 

@@ -239,7 +239,7 @@ def _generation_problem(
 ) -> str | None:
     """Why one listed generation cannot be used as recorded, or ``None``."""
     try:
-        dataset = lance.dataset(storage.path(f"{shard_dir(shard_id)}/{path}"))
+        dataset = lance.dataset(storage.uri(f"{shard_dir(shard_id)}/{path}"), storage_options=storage.storage_options)
         rows = sum(fragment.physical_rows for fragment in dataset.get_fragments())
     except (ValueError, OSError) as exc:
         return f"does not open: {exc}"

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..format.schema import DELETE, OP_COLUMN, UPSERT
+from ..format.storage import filesystem
 from ..table import LsmTable
 
 
@@ -21,7 +22,9 @@ def scratch_copy(table: LsmTable, destination: str) -> LsmTable:
     Consistent when no writer, flush or merge runs on the source meanwhile;
     the copy's shards have the source's epochs, so writing to it fences nobody.
     """
-    pafs.copy_files(table.uri, destination)
+    source_fs, source = filesystem(table.uri, table.storage_options)
+    destination_fs, copy = filesystem(destination)
+    pafs.copy_files(source, copy, source_filesystem=source_fs, destination_filesystem=destination_fs)
     return LsmTable.open(destination)
 
 

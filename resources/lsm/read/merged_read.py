@@ -24,6 +24,7 @@ the primary-key checks catch them.
 
 from __future__ import annotations
 
+import operator
 import os
 import queue
 import tempfile
@@ -33,6 +34,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import reduce
 
 import lance
 import numpy as np
@@ -42,7 +44,7 @@ from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
 
 from ..format.schema import TOMBSTONE_COLUMN, live_rows, without_internal_columns
 from ..format.shard_state import ShardState
-from .generations import newest_per_key, read_generations
+from .generations import newest_per_key, open_generation, read_generations
 from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
@@ -324,7 +326,10 @@ def lookup(
     A key's lookup plans over its own shard only, and only over the pending
     generations that ``filters`` says may hold it. Single-column keys that no
     pending generation may hold are read from the base in one indexed query
-    (Lance's BTREE on the key), the cost of Lance's own point lookup.
+    (Lance's BTREE on the key), the cost of Lance's own point lookup. With
+    ``storage_options`` the generations are searched here instead of by
+    Lance's planner, which (pylance 14.0.2) opens them without the table's
+    storage options.
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
@@ -338,8 +343,11 @@ def lookup(
         if not generations and len(key) == 1:
             base_only.append(int(i))
             continue
-        plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
-        found.append(without_internal_columns(plan.to_table()))
+        if snapshot.storage_options:
+            found.append(_lookup_without_planner(snapshot, shard.shard_id, generations, one_key, wanted))
+        else:
+            plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
+            found.append(without_internal_columns(plan.to_table()))
     if base_only:
         values = keys.column(key[0]).take(base_only)
         found.append(snapshot.dataset.to_table(columns=wanted, filter=pc.field(key[0]).isin(values)))
@@ -411,6 +419,27 @@ def _filter_sql(table: pa.Table, filter: str) -> pa.Table:
     """
     with tempfile.TemporaryDirectory(prefix="lsm-tail-") as tmp:
         return lance.write_dataset(table, tmp).to_table(filter=filter)
+
+
+def _lookup_without_planner(
+    snapshot: ReadSnapshot,
+    shard_id: str,
+    generations: tuple[tuple[int, str], ...],
+    one_key: pa.Table,
+    wanted: list[str],
+) -> pa.Table:
+    """``one_key``'s row from the newest of ``generations`` that holds it (none if deleted there), else the base.
+
+    Each generation holds at most one live row per key (a flush hides older
+    versions), so the newest generation with the key decides.
+    """
+    where = reduce(operator.and_, [pc.field(k) == one_key[k][0] for k in one_key.column_names])
+    for _, directory in reversed(generations):
+        generation = open_generation(snapshot.dataset.uri, shard_id, directory, snapshot.storage_options)
+        rows = generation.to_table(columns=[*wanted, TOMBSTONE_COLUMN], filter=where, scan_in_order=True)
+        if rows.num_rows:
+            return live_rows(rows.slice(rows.num_rows - 1))
+    return snapshot.dataset.to_table(columns=wanted, filter=where)
 
 
 def _lookup_value(one_key: pa.Table) -> pa.Array:

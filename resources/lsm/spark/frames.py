@@ -41,7 +41,8 @@ def base_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> Data
 
 def merged_view_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> DataFrame:
     """``columns`` of the merged view (what :meth:`LsmTable.read` returns), read by Spark tasks."""
-    from .source import register_spark_source
+    from .source import STORAGE_OPTION_PREFIX, register_spark_source
 
     register_spark_source(spark)
-    return spark.read.format("lance_lsm").option("columns", ",".join(columns)).load(table.uri)
+    storage = {f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in (table.storage_options or {}).items()}
+    return spark.read.format("lance_lsm").option("columns", ",".join(columns)).options(**storage).load(table.uri)

@@ -11,7 +11,8 @@ Pipeline (one call to :func:`ingest_landing_files`)::
         └─ staged files ──partitionBy(bucket % tasks)──mapPartitions(write)──▶
                   per-shard stats (the only thing collected)
     files with rejections only: stage again, without staged files ──▶ rejected
-                                  rows ──▶ quarantine (JSON Lines: file, row, reason, record)
+                                  rows ──▶ quarantine (JSON Lines: file, row, reason, record;
+                                  one file per task, written by the task through pyarrow.fs)
 
 Each file is read and validated by one task with the engine's own rules
 (:func:`~resources.lsm.write.changes.validate_changes`); the bucket comes from
@@ -32,12 +33,17 @@ The driver records a file in the ledger only after the write job, and the
 quarantine of its bad rows, succeeded; it deletes the staging directory when
 the call ends, and :func:`~resources.lsm.maintenance.gc.collect_garbage` deletes one a
 crash left behind.
+
+Every location (table, landing directory, quarantine) may be a local path or
+an object-store URI: all files are read and written through ``pyarrow.fs``
+and Lance, never through Spark's own readers and writers (which would need
+Hadoop's object-store connectors on the JVM). Tasks re-open the table with the
+driver's ``storage_options``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -50,7 +56,7 @@ import pyarrow as pa
 
 from ..errors import Rejection
 from ..format.schema import SEQ_COLUMN
-from ..format.storage import TableStorage
+from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
     STAGING_DIR,
     IngestLedger,
@@ -74,8 +80,6 @@ _PerFile: TypeAlias = "dict[int, tuple[int, int]]"
 """``{file order: (rows, rejected rows)}``, collected by an accumulator."""
 _Staged: TypeAlias = "_StagedFile | _RejectedRow"
 """What the stage RDD holds (an RDD's ``filter`` does not narrow it: hence the casts)."""
-
-_QUARANTINE_SCHEMA = "file string, row long, reason string, record string"
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,10 @@ class IngestReport(ShardTotals):
 
 
 def pending_landing_files(
-    table_uri: str, landing_dir: str, retention: LandingRetention = LandingRetention()
+    table_uri: str,
+    landing_dir: str,
+    retention: LandingRetention = LandingRetention(),
+    storage_options: StorageOptions | None = None,
 ) -> list[LandingFile]:
     """Landing files not yet recorded in the table's ledger, in file-name order.
 
@@ -117,11 +124,11 @@ def pending_landing_files(
     recording and retiring them) are retired now, if they are the very file
     recorded (same size); a different file under a recorded name is left.
     """
-    ledger = IngestLedger(table_uri)
+    ledger = IngestLedger(table_uri, storage_options)
     done = ledger.ingested_names()
-    listing = list_landing_files(landing_dir)
+    listing = list_landing_files(landing_dir, storage_options)
     leftovers = [f.name for f in listing if f.name in done and _same_size(ledger.entry(f.name), f)]
-    retire_landing_files(landing_dir, leftovers, retention)
+    retire_landing_files(landing_dir, leftovers, retention, storage_options)
     return [f for f in listing if f.name not in done]
 
 
@@ -139,6 +146,7 @@ def ingest_landing_files(
     writers: LsmTable | None = None,
     max_files: int | None = None,
     retention: LandingRetention = LandingRetention(),
+    storage_options: StorageOptions | None = None,
 ) -> IngestReport:
     """Ingest pending landing files (file-name order) into the table; return what happened.
 
@@ -154,6 +162,11 @@ def ingest_landing_files(
     retention
         What happens to a file after it was recorded (default: moved to
         ``_archive/`` in the landing directory).
+    storage_options
+        Object-store options (as for :meth:`LsmTable.open`) for the table,
+        the landing directory and the quarantine, here and in every task;
+        ignored when ``writers`` is given (its own are used). ``None``: the
+        environment (``AWS_*``) configures object stores.
 
     Re-running after a crash re-applies exactly the files that were not
     recorded, in order, which leaves the merged view as if they had been
@@ -167,13 +180,15 @@ def ingest_landing_files(
     """
     started = time.monotonic()
     run_id = run_id or uuid.uuid4().hex[:12]
-    table = writers or LsmTable.open(table_uri)
-    files = pending_landing_files(table_uri, landing_dir, retention)[:max_files]
+    table = writers or LsmTable.open(table_uri, storage_options=storage_options)
+    options = table.storage_options
+    files = pending_landing_files(table_uri, landing_dir, retention, options)[:max_files]
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started)
 
     counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
-    staging = f"{STAGING_DIR}/run={run_id}-{uuid.uuid4().hex[:8]}"  # one per call, even in a long run
+    call = uuid.uuid4().hex[:8]
+    staging = f"{STAGING_DIR}/run={run_id}-{call}"  # one per call, even in a long run
     try:
         staged = _stage(spark, table, files, counts, staging)
         shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
@@ -181,19 +196,18 @@ def ingest_landing_files(
         rows_quarantined = sum(per_file[f.order][1] for f in files)
         quarantine_path = None
         if rows_quarantined:
-            quarantine_path = os.path.join(os.path.abspath(quarantine_dir), f"run={run_id}")
-            _quarantine(
-                spark, _stage(spark, table, [f for f in files if per_file[f.order][1]], counts, None), quarantine_path
-            )
+            quarantine_path = join(quarantine_dir, f"run={run_id}")
+            with_rejections = [f for f in files if per_file[f.order][1]]
+            _quarantine(_stage(spark, table, with_rejections, counts, None), quarantine_path, call, options)
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
-        TableStorage(table.uri).delete_dir(staging)
+        table.storage.delete_dir(staging)
 
-    ledger = IngestLedger(table_uri)
+    ledger = IngestLedger(table_uri, options)
     for f in files:
         rows, rejected = per_file[f.order]
         ledger.record(new_ledger_entry(f, rows, rejected, run_id))
-    retire_landing_files(landing_dir, [f.name for f in files], retention)
+    retire_landing_files(landing_dir, [f.name for f in files], retention, options)
     return IngestReport(
         files=tuple(f.name for f in files),
         rows_read=sum(per_file[f.order][0] for f in files),
@@ -257,15 +271,23 @@ def _stage(
     positions = spark.sparkContext.parallelize(
         range(len(files)), min(len(files), spark.sparkContext.defaultParallelism)
     )
-    uri = table.uri
-    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, staging, counts))
+    uri, options = table.uri, table.storage_options
+    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, options, staging, counts))
 
 
-def _quarantine(spark: SparkSession, staged: RDD[_Staged], path: str) -> None:
-    rejected = cast("RDD[_RejectedRow]", staged.filter(lambda item: isinstance(item, _RejectedRow))).map(
-        lambda r: (r.file, r.row, r.reason, r.record)
-    )
-    spark.createDataFrame(rejected, _QUARANTINE_SCHEMA).coalesce(1).write.mode("append").json(path)
+def _quarantine(staged: RDD[_Staged], path: str, call: str, storage_options: StorageOptions | None) -> None:
+    """Write the rejected rows of ``staged`` below ``path``: one JSON Lines file per task that has any.
+
+    Files are named ``part-<call>-<partition>.json``: unique per ingestion
+    call (continuous mode quarantines several calls into one run's
+    directory), and a retried task overwrites its own file, atomically.
+    """
+    rejected = cast("RDD[_RejectedRow]", staged.filter(lambda item: isinstance(item, _RejectedRow)))
+    rejected.mapPartitionsWithIndex(
+        lambda partition, rows: _write_quarantine_file(
+            list(rows), path, f"part-{call}-{partition:05d}.json", storage_options
+        )
+    ).count()
 
 
 def _write_here(staged: RDD[_Staged], table: LsmTable) -> list[ShardIngestStats]:
@@ -284,11 +306,11 @@ def _write_in_tasks(staged: RDD[_Staged], table: LsmTable) -> list[ShardIngestSt
     tasks = min(table.num_shards, staged.context.defaultParallelism)
     files = cast("RDD[_StagedFile]", staged.filter(lambda item: isinstance(item, _StagedFile)))
     by_task = files.map(lambda f: (f.bucket % tasks, f))
-    uri = table.uri
+    uri, options = table.uri, table.storage_options
     # Partition = task exactly (the task number is the partition function).
     return (
         by_task.partitionBy(tasks, lambda task: task)
-        .mapPartitions(lambda part: _write_partition([f for _, f in part], uri))
+        .mapPartitions(lambda part: _write_partition([f for _, f in part], uri, options))
         .collect()
     )
 
@@ -300,6 +322,7 @@ def _stage_files(
     positions: Iterable[int],
     listing: list[tuple[int, str, str]],
     uri: str,
+    storage_options: StorageOptions | None,
     staging: str | None,
     counts: Accumulator[_PerFile],
 ) -> Iterator[_Staged]:
@@ -309,9 +332,9 @@ def _stage_files(
     """
     from pyspark import TaskContext
 
-    table = LsmTable.open(uri)
+    table = LsmTable.open(uri, storage_options=storage_options)
     task = cast(TaskContext, TaskContext.get())  # set: this runs in a Spark task
-    staged = _StagedFiles(TableStorage(uri), staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
+    staged = _StagedFiles(table.storage, staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
     first_order: int | None = None
     try:
         for position in positions:
@@ -370,7 +393,7 @@ def _stage_one_file(
 ) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows)."""
     try:
-        raw, rejections = read_landing_file(path)
+        raw, rejections = read_landing_file(path, table.storage_options)
     except UnreadableFileError as exc:
         return [], _rejected_rows(name, [Rejection(-1, str(exc))], None), (1, 1)
     try:
@@ -419,13 +442,30 @@ def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | No
     return [json.dumps(row, default=str) for row in rows]
 
 
-def _write_partition(files: list[_StagedFile], uri: str) -> Iterator[ShardIngestStats]:
+def _write_quarantine_file(
+    rows: list[_RejectedRow], directory: str, name: str, storage_options: StorageOptions | None
+) -> Iterator[int]:
+    """Write ``rows`` as JSON Lines (file, row, reason, record) to ``directory/name``, if any; yield the count.
+
+    Runs in a Spark task. Readers see the whole file or none of it.
+    """
+    if rows:
+        lines = "".join(
+            json.dumps({"file": r.file, "row": r.row, "reason": r.reason, "record": r.record}) + "\n" for r in rows
+        )
+        TableStorage(directory, storage_options).write_bytes_atomic(name, lines.encode())
+    yield len(rows)
+
+
+def _write_partition(
+    files: list[_StagedFile], uri: str, storage_options: StorageOptions | None
+) -> Iterator[ShardIngestStats]:
     """Write the staged files of one partition's shards through writers this task opens and closes.
 
     Runs in a Spark task.
     """
     started = time.monotonic()
-    table = LsmTable.open(uri)
+    table = LsmTable.open(uri, storage_options=storage_options)
     try:
         written = _write_staged(table, files)
         wal_bytes = _wal_bytes(table)
@@ -439,7 +479,7 @@ def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWr
     paths: dict[str, list[str]] = {}
     for f in sorted(files):  # by bucket, then first landing file
         paths.setdefault(table.shard_ids[f.bucket], []).append(f.path)
-    storage = TableStorage(table.uri)
+    storage = table.storage
     with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
         return list(
             pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])), paths)

@@ -6,6 +6,12 @@
     df = spark.read.format("lance_lsm").load(uri)                  # == LsmTable(uri).read()
     df = spark.read.format("lance_lsm").option("fresh", "false").load(uri)
     df = spark.read.format("lance_lsm").option("columns", "id,price").load(uri)
+    df = spark.read.format("lance_lsm").option("storage.aws_endpoint", "http://...").load("s3://bucket/t.lance")
+
+Options named ``storage.<key>`` are the table's Lance storage options
+(:meth:`LsmTable.open`), used on the driver and in every task; without them
+the environment (``AWS_*``) configures an object store. Every file is read
+through Lance and ``pyarrow.fs``, never through Spark's own file readers.
 
 Partitioning: one input partition per shard range
 --------------------------------------------------
@@ -83,7 +89,7 @@ from pyspark.sql.types import StructType
 from ..format.schema import empty_tail, live_rows
 from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
-from ..format.storage import TableStorage
+from ..format.storage import StorageOptions, TableStorage
 from ..read.generations import newest_per_key, read_generations
 from ..read.merged_read import key_join
 from ..read.wal_tail import read_wal_tail
@@ -91,6 +97,7 @@ from ..table import LsmTable
 
 SOURCE_NAME = "lance_lsm"
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+STORAGE_OPTION_PREFIX = "storage."
 
 
 def register_spark_source(spark: SparkSession) -> None:
@@ -126,20 +133,20 @@ class ShardRangePartition(InputPartition):
 
 
 class LsmDataSource(DataSource):
-    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh`` and ``columns``."""
+    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh``, ``columns`` and ``storage.<key>``."""
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        table = LsmTable.open(self._uri)
+        table = LsmTable.open(self._uri, storage_options=storage_options_of(self.options))
         columns = _columns_option(self.options) or table.schema.names
         return from_arrow_schema(pa.schema([_plain(table.schema.field(c)) for c in columns]))
 
     def reader(self, schema: StructType) -> LsmReader:
         fresh = str(self.options.get("fresh", "true")).lower() != "false"
-        return LsmReader(self._uri, schema, fresh)
+        return LsmReader(self._uri, schema, fresh, storage_options_of(self.options))
 
     @property
     def _uri(self) -> str:
@@ -152,8 +159,10 @@ class LsmDataSource(DataSource):
 class LsmReader(DataSourceReader):
     """Reads the merged view; see the module docstring for partitioning and pushdown."""
 
-    def __init__(self, uri: str, schema: StructType, fresh: bool) -> None:
-        table = LsmTable.open(uri)
+    def __init__(
+        self, uri: str, schema: StructType, fresh: bool, storage_options: StorageOptions | None = None
+    ) -> None:
+        table = LsmTable.open(uri, storage_options=storage_options)
         self.uri = table.uri
         self.storage_options = table.storage_options
         self.primary_key = list(table.primary_key)
@@ -191,7 +200,7 @@ class LsmReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
         partition = cast(ShardRangePartition, partition)  # one of :meth:`partitions`
-        storage = TableStorage(self.uri)
+        storage = TableStorage(self.uri, self.storage_options)
         pending = [self._pending_changes(storage, pin) for pin in partition.shards]
         newer_keys = pa.concat_tables([p.select(self.primary_key) for p in pending])
         where = filter_expression(self.filters, self.table_schema)
@@ -229,6 +238,16 @@ class LsmReader(DataSourceReader):
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from rows.select(self.columns).cast(self.output_schema).to_batches()
+
+
+def storage_options_of(options: Mapping[str, str]) -> StorageOptions | None:
+    """The ``storage.<key>`` reader options as Lance storage options (``None`` if there are none)."""
+    found = {
+        key[len(STORAGE_OPTION_PREFIX) :]: value
+        for key, value in options.items()
+        if key.lower().startswith(STORAGE_OPTION_PREFIX)
+    }
+    return found or None
 
 
 def filter_expression(filters: Sequence[Filter], schema: pa.Schema) -> pc.Expression | None:

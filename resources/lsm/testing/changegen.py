@@ -18,6 +18,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ..format.schema import DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
+from ..format.storage import TableStorage
 
 
 def events_schema(vector_dim: int = 0, with_text: bool = False) -> pa.Schema:
@@ -188,30 +189,30 @@ def write_landing_files(
 ) -> list[pa.Table]:
     """Write each generated batch as one landing file; return the clean batches.
 
-    Files are named ``{prefix}-{n:06d}.{parquet|jsonl|csv}`` and appear
-    atomically (written under a dot-name, then renamed). Malformed rows use
-    keys no clean row uses, so the clean batches are the oracle's input.
+    ``landing_dir`` is a local path or a URI (``s3://...``, configured by
+    the environment). Files are named ``{prefix}-{n:06d}.{parquet|jsonl|csv}``
+    and appear atomically (a ``.tmp`` name, never listed, is renamed; a single
+    PUT on an object store). Malformed rows use keys no clean row uses, so the
+    clean batches are the oracle's input.
     """
-    os.makedirs(landing_dir, exist_ok=True)
+    if fmt not in _EXTENSIONS:
+        raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
+    landing = TableStorage(landing_dir)
     batches = list(generate_changes(spec))
     for number, batch in enumerate(batches):
         bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
-        path = os.path.join(landing_dir, f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}")
-        staging = os.path.join(landing_dir, f".{os.path.basename(path)}.tmp")
-        _write_file(batch, bad, staging, fmt)
-        os.replace(staging, path)
+        landing.write_bytes_atomic(f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}", _file_bytes(batch, bad, fmt))
     return batches
 
 
 _EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
 
 
-def _write_file(batch: pa.Table, bad: list[dict[str, object]], path: str, fmt: str) -> None:
+def _file_bytes(batch: pa.Table, bad: list[dict[str, object]], fmt: str) -> bytes:
+    """One landing file's content: ``batch`` then the malformed rows ``bad``, in format ``fmt``."""
     rows = batch.to_pylist() + bad
     if fmt == "jsonl":
-        with open(path, "w", encoding="utf-8") as out:
-            out.writelines(json.dumps(row) + "\n" for row in rows)
-        return
+        return "".join(json.dumps(row) + "\n" for row in rows).encode()
     if bad:
         # Values as text, so a file can carry the malformed ones; the table
         # schema's types are restored by casting at ingestion.
@@ -219,12 +220,12 @@ def _write_file(batch: pa.Table, bad: list[dict[str, object]], path: str, fmt: s
         batch = pa.table(
             {c: pa.array([None if r.get(c) is None else _text(r.get(c)) for r in rows], pa.string()) for c in columns}
         )
+    sink = pa.BufferOutputStream()
     if fmt == "parquet":
-        pq.write_table(batch, path)
-    elif fmt == "csv":
-        pacsv.write_csv(batch, path)
+        pq.write_table(batch, sink)
     else:
-        raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
+        pacsv.write_csv(batch, sink)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _text(value: object) -> str:

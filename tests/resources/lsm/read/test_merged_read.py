@@ -139,3 +139,18 @@ def test_duckdb_and_polars_read_the_merged_view_directly(tmp_path):
     assert merged.aggregate("count(*), count(distinct id)").fetchall() == [(len(oracle), len(oracle))]
     frame = polars.from_arrow(table.scanner(columns=["id", "amount"]))
     assert frame.height == len(oracle) and frame["id"].n_unique() == len(oracle)
+
+
+def test_lookups_with_storage_options_search_generations_like_lances_planner(tmp_path):
+    """With storage options, lookups bypass Lance's planner for generations (it drops the options): same rows."""
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=3)
+    table.compact(max_rows_per_pass=10**9)  # a base under the pending generations
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=500, seed=9)))
+    for batch in more:
+        table.write(batch)
+        table.close()  # pending generations above the base, with updates and deletes
+    with_options = LsmTable.open(table.uri, storage_options={"timeout": "30s"})
+    keys = list(range(0, 2600, 7))  # present in the base, in generations, deleted, never written
+    planned, searched = table.lookup(keys), with_options.lookup(keys)
+    assert rows_by_key(searched) == rows_by_key(planned)
+    assert rows_by_key(planned) == {k: row for k, row in oracle_view(batches + more).items() if k[0] in set(keys)}
