@@ -253,11 +253,16 @@ def postgres_server(log: Path, db_name: str = "dagster") -> Iterator[Postgres]:
 
 
 def postgres_storage_yaml(server: Postgres) -> str:
-    """The ``storage:`` block of a dagster.yaml that keeps runs, events and schedules in ``server``."""
+    """The ``storage:`` block of a dagster.yaml that keeps runs, events and schedules in ``server``.
+
+    ``scheme: postgresql+psycopg2``: SQLAlchemy 2.1 maps plain ``postgresql://``
+    to psycopg 3, which dagster-postgres does not install (it brings psycopg2).
+    """
     return (
         "\nstorage:\n  postgres:\n    postgres_db:\n"
         f"      hostname: {server.host}\n      port: {server.port}\n"
         f"      username: {server.user}\n      password: ''\n      db_name: {server.db_name}\n"
+        "      scheme: postgresql+psycopg2\n"
     )
 
 
@@ -269,11 +274,26 @@ def dagster_home(home: Path, server: Postgres | None = None) -> Path:
     return home
 
 
+LAUNCH_RUN = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }"""
+RUN_STATUS = "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }"
+TERMINATE_RUN = """mutation($id: String!) { terminateRun(runId: $id) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+RUN_EVENTS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection(limit: 5000) { events {
+  __typename ... on MessageEvent { level message }
+  ... on ExecutionStepFailureEvent { stepKey error { message stack } } } } } } }"""
+FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
+  locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+
+
 @dataclass(frozen=True)
 class DagsterServices:
     """``dagster-webserver`` (GraphQL at ``url``) and ``dagster-daemon`` on one instance."""
 
     url: str
+    location: str = "lance_lsm"
 
     def graphql(self, query: str, variables: dict[str, Any] | None = None) -> Any:
         """Run a GraphQL query against the webserver; return its ``data`` (errors raise)."""
@@ -281,6 +301,56 @@ class DagsterServices:
         if answer.get("errors"):
             raise RuntimeError(f"GraphQL errors: {answer['errors']}")
         return answer["data"]
+
+    def location_loaded(self) -> bool:
+        """Whether the webserver has loaded the code location (raises if loading it failed)."""
+        entries = self.graphql(LOCATIONS)["workspaceOrError"]["locationEntries"]
+        for entry in entries:
+            if entry["name"] == self.location and entry["locationOrLoadError"]["__typename"] == "PythonError":
+                raise RuntimeError(f"code location {self.location}: {entry['locationOrLoadError']['message']}")
+        return any(e["name"] == self.location and e["loadStatus"] == "LOADED" for e in entries)
+
+    def launch(self, job: str, run_config: dict[str, Any] | None = None) -> str:
+        """Submit a run of ``job`` to the run queue (as the UI's Launch button does); return its id."""
+        selector = {"repositoryLocationName": self.location, "repositoryName": "__repository__", "jobName": job}
+        params = {"selector": selector, "runConfigData": run_config or {}}
+        launched = self.graphql(LAUNCH_RUN, {"params": params})["launchRun"]
+        if launched["__typename"] != "LaunchRunSuccess":
+            raise RuntimeError(f"launchRun {job}: {launched}")
+        run_id: str = launched["run"]["runId"]
+        return run_id
+
+    def status(self, run_id: str) -> str:
+        """The run's status (QUEUED, STARTED, SUCCESS, FAILURE, CANCELING, CANCELED, ...)."""
+        status: str = self.graphql(RUN_STATUS, {"id": run_id})["runOrError"]["status"]
+        return status
+
+    def wait(self, run_id: str, timeout: float = 600) -> str:
+        """Wait until the run has finished; return its final status."""
+        deadline = time.monotonic() + timeout
+        while (status := self.status(run_id)) not in FINISHED:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"run {run_id} still {status} after {timeout:.0f}s")
+            time.sleep(1)
+        return status
+
+    def terminate(self, run_id: str) -> None:
+        """Terminate the run (the UI's Terminate button)."""
+        answer = self.graphql(TERMINATE_RUN, {"id": run_id})["terminateRun"]
+        if answer["__typename"] != "TerminateRunSuccess":
+            raise RuntimeError(f"terminateRun {run_id}: {answer}")
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's event log (type, level, message; step failures with their error)."""
+        events: list[dict[str, Any]] = self.graphql(RUN_EVENTS, {"id": run_id})["runOrError"]["eventConnection"][
+            "events"
+        ]
+        return events
+
+    def failures(self, run_id: str) -> str:
+        """The run's ERROR-level events and step failures, one JSON line each (for assertion messages)."""
+        bad = [e for e in self.events(run_id) if e.get("level") == "ERROR" or "error" in e]
+        return "\n".join(json.dumps(e) for e in bad)
 
 
 @contextmanager
@@ -294,11 +364,7 @@ def dagster_services(env: dict[str, str], logs: Path, port: int | None = None) -
         )
         server = stack.enter_context(running(spawn(webserver, logs / "webserver.log", env)))
         services = DagsterServices(f"http://{LOCALHOST}:{port}")
-        wait_for(
-            lambda: urllib.request.urlopen(f"{services.url}/server_info", timeout=5),
-            "dagster-webserver",
-            [daemon, server],
-        )
+        wait_for(services.location_loaded, "dagster-webserver and the code location", [daemon, server])
         yield services
 
 

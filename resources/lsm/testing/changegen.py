@@ -192,15 +192,31 @@ def write_landing_files(
     atomically (written under a dot-name, then renamed). Malformed rows use
     keys no clean row uses, so the clean batches are the oracle's input.
     """
-    os.makedirs(landing_dir, exist_ok=True)
     batches = list(generate_changes(spec))
     for number, batch in enumerate(batches):
-        bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
-        path = os.path.join(landing_dir, f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}")
-        staging = os.path.join(landing_dir, f".{os.path.basename(path)}.tmp")
-        _write_file(batch, bad, staging, fmt)
-        os.replace(staging, path)
+        write_landing_file(batch, landing_dir, number, fmt, malformed_per_file, prefix)
     return batches
+
+
+def write_landing_file(
+    batch: pa.Table,
+    landing_dir: str,
+    number: int,
+    fmt: str = "parquet",
+    malformed_per_file: int = 0,
+    prefix: str = "changes",
+) -> str:
+    """Write one batch as landing file ``{prefix}-{number:06d}.<ext>``, atomically; return its path.
+
+    For streams that arrive over time (a soak test feeding a continuous ingestion).
+    """
+    os.makedirs(landing_dir, exist_ok=True)
+    bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
+    path = os.path.join(landing_dir, f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}")
+    staging = os.path.join(landing_dir, f".{os.path.basename(path)}.tmp")
+    _write_file(batch, bad, staging, fmt)
+    os.replace(staging, path)
+    return path
 
 
 _EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
