@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
@@ -80,3 +84,20 @@ def resolved_job(job, resources: dict):
         jobs=[job],
         resources={**(defs.resources or {}), **resources},
     ).resolve_job_def(job.name)
+
+
+def run_job_cli(job: str, env: dict[str, str], *args: str, timeout: float = 900) -> str:
+    """``dagster job execute -m definitions -j <job> [args]`` from the repository root, as an operator
+    runs it; asserts it succeeded and returns its output (stdout and stderr)."""
+    dagster = Path(sys.executable).with_name("dagster")
+    result = subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", job, *args],
+        cwd=Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    return output

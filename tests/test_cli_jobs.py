@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
-from tests.helpers import rows_by_key
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import rows_by_key, run_job_cli
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +35,7 @@ def table_with_history(tmp_path_factory):
 @pytest.mark.parametrize("job", ["flush_job", "merge_job", "gc_job"])
 def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
     env, oracle = table_with_history
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", job],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "RUN_SUCCESS" in result.stdout + result.stderr
+    assert "RUN_SUCCESS" in run_job_cli(job, env)
     table = LsmTable.open(env["LSM_TABLE_URI"])
     assert {k[0]: v for k, v in rows_by_key(table.read()).items()} == oracle
 
@@ -68,16 +53,7 @@ def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
         "DAGSTER_HOME": str(tmp_path / "dagster_home"),
     }
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "demo_job", "-c", str(config)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_job_cli("demo_job", env, "-c", str(config))
     oracle = replay(list(generate_changes(ChangeStreamSpec(num_keys=500, num_batches=2, batch_size=300, seed=3))))
     table = LsmTable.open(env["LSM_TABLE_URI"])
     assert {k[0]: v for k, v in rows_by_key(table.read()).items()} == oracle

@@ -20,7 +20,7 @@ import pytest
 from deploy.stack import ROOT, SparkCluster, spark_cluster
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import ChangeStreamSpec, replay as replay_oracle, write_landing_files
-from tests.helpers import rows_by_key
+from tests.helpers import rows_by_key, run_job_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="Java is not installed (Spark needs a JVM)")
 
@@ -47,17 +47,7 @@ def ingested(cluster, tmp_path_factory) -> tuple[dict[str, str], dict]:
         "DAGSTER_HOME": str(tmp / "dagster_home"),
     }
     (tmp / "dagster_home").mkdir()
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "RUN_SUCCESS" in result.stdout + result.stderr
+    assert "RUN_SUCCESS" in run_job_cli("ingest_job", env)
     return env, replay_oracle(batches)
 
 

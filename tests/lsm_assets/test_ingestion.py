@@ -21,7 +21,7 @@ from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, 
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import rows_by_key
+from tests.helpers import rows_by_key, run_job_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,16 +119,7 @@ def test_ingest_job_runs_from_the_cli_with_env_defaults(locations):
     batches = write_landing_files(spec, str(locations / "landing"))
     env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
     os.makedirs(env["DAGSTER_HOME"])
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run_job_cli("ingest_job", env)
     assert _view(str(locations / "table.lance")) == replay(batches)
 
 
