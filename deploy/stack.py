@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,7 +81,7 @@ def running(process: subprocess.Popen, sig: int = signal.SIGTERM) -> Iterator[su
         stop(process, sig)
 
 
-def wait_for(check: Any, what: str, processes: Sequence[subprocess.Popen], timeout: float = 180) -> Any:
+def wait_for(check: Callable[[], Any], what: str, processes: Sequence[subprocess.Popen], timeout: float = 180) -> Any:
     """Poll ``check()`` until it returns something truthy; fail early if one of ``processes`` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,7 +128,12 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
 def _spark_class(main_class: str, args: list[str], log: Path, workdir: Path) -> subprocess.Popen:
+    """Run one of Spark's daemons (master or worker) with pyspark's launcher, on 127.0.0.1."""
     env = {
         **os.environ,
         "SPARK_HOME": str(spark_home()),
@@ -147,20 +152,13 @@ def spark_cluster(workdir: Path, workers: int = 2, cores: int = 1, memory: str =
     cluster = SparkCluster(f"spark://{LOCALHOST}:{port}", f"http://{LOCALHOST}:{ui_port}")
     master_args = ["--host", LOCALHOST, "--port", str(port), "--webui-port", str(ui_port)]
     with ExitStack() as stack:
-        started = [
-            stack.enter_context(
-                running(
-                    _spark_class("org.apache.spark.deploy.master.Master", master_args, workdir / "master.log", workdir)
-                )
-            )
-        ]
+        master = _spark_class(MASTER_CLASS, master_args, workdir / "master.log", workdir)
+        started = [stack.enter_context(running(master))]
         wait_for(lambda: http_json(f"{cluster.ui_url}/json/"), "Spark master", started)
         for n in range(workers):
             worker_args = ["--host", LOCALHOST, "--webui-port", str(free_port()), "--cores", str(cores)]
             worker_args += ["--memory", memory, "--work-dir", str(workdir / f"worker-{n}"), cluster.master_url]
-            worker = _spark_class(
-                "org.apache.spark.deploy.worker.Worker", worker_args, workdir / f"worker-{n}.log", workdir
-            )
+            worker = _spark_class(WORKER_CLASS, worker_args, workdir / f"worker-{n}.log", workdir)
             started.append(stack.enter_context(running(worker)))
         wait_for(lambda: cluster.alive_workers() == workers, f"{workers} Spark workers", started)
         yield cluster

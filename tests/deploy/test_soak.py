@@ -2,8 +2,8 @@
 
 ``dagster-daemon`` and ``dagster-webserver`` run as separate processes on an instance
 stored in a real PostgreSQL server. ``continuous_ingest_job`` is launched through
-the run queue (GraphQL, as the UI does), change files land every few seconds for
-about two minutes, and the sensors (thresholds lowered through their environment
+the run queue (GraphQL, as the UI does), change files land every 3 seconds for
+90 seconds, and the sensors (thresholds lowered through their environment
 overrides) launch the maintenance runs. Then the continuous run is terminated the
 way an operator does it, and the merged view must equal the replay oracle of
 everything written. Run counts, wall times and the backlog over time are printed
@@ -24,6 +24,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from deploy.stack import ROOT, DagsterServices, dagster_home, dagster_services, postgres_bin, postgres_server
 from resources.lsm import LsmTable
+from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.lsm.testing.changegen import (
     EVENTS_SCHEMA,
     ChangeStreamSpec,
@@ -38,8 +39,8 @@ pytestmark = pytest.mark.skipif(
 )
 
 ARTIFACTS = ROOT / "test-artifacts" / "soak"
-FEED_SECONDS = 100
-FILE_EVERY_SECONDS = 2.5
+FEED_SECONDS = 90
+FILE_EVERY_SECONDS = 3.0
 SPEC = ChangeStreamSpec(num_keys=1500, num_batches=int(FEED_SECONDS / FILE_EVERY_SECONDS), batch_size=150, seed=5)
 SENSOR_ENV = {
     "LSM_SENSOR_INTERVAL_SECONDS": "5",
@@ -202,7 +203,8 @@ def test_daemon_keeps_the_table_maintained_under_continuous_ingestion(soak: Soak
     assert gc_status == "SUCCESS", soak.dagster.failures(gc_run)
     failed = {job: r["statuses"] for job, r in runs.items() if "FAILURE" in r["statuses"]}
     assert not failed, failed
-    assert report["max_pending_generations"] <= 8, soak.backlog
+    # The backlog never reached the backpressure limit: ingestion never had to wait for merging.
+    assert report["max_pending_generations"] < BackpressurePolicy.stop_generations, soak.backlog
     # Writers closed (MemTables flushed) and the merged view holds exactly what was written.
     assert all(s.unflushed_wal_entries == 0 for s in table.shards()), table.shards()
     assert {k[0]: v for k, v in rows_by_key(table.read()).items()} == replay(soak.batches)
