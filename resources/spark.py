@@ -1,7 +1,8 @@
 """``SparkResource``: the Spark session of a run, started only when a step asks for it.
 
-``SPARK_MASTER`` (default ``local[*]``) picks the cluster. For local masters
-the executors run this interpreter, so they see the same pinned packages.
+``SPARK_MASTER`` (default ``local[*]``) picks the cluster. Executors run the
+interpreter ``PYSPARK_PYTHON`` names (default: this one), so on one machine
+they see the same pinned packages; see :func:`spark_conf` for cluster masters.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ if TYPE_CHECKING:
 def spark_conf(master: str) -> dict[str, str]:
     """Session settings: small shuffles (data is partitioned by shard), Arrow on, no UI port clashes.
 
-    For a local master this also points ``PYSPARK_PYTHON`` at this interpreter
-    (unless set): PySpark's workers read the variable, not the session config.
+    ``PYSPARK_PYTHON`` (set to this interpreter unless already set) names the
+    executors' Python: it must have this package installed (for a local master,
+    or cluster workers on this machine, this interpreter has). PySpark reads
+    the variable, not the session config, when the context starts. For a cluster
+    master, executors get ``SPARK_EXECUTOR_MEMORY`` / ``SPARK_EXECUTOR_CORES``
+    (default 1g, 1 core), and a master on the loopback interface makes the
+    driver listen and advertise 127.0.0.1 (executors would otherwise dial the
+    machine's host name, which need not resolve to a reachable address).
     """
     conf = {
         "spark.master": master,
@@ -37,10 +44,22 @@ def spark_conf(master: str) -> dict[str, str]:
         # The lance_lsm source pushes filters; Spark refuses it unless this is on.
         "spark.sql.python.filterPushdown.enabled": "true",
     }
-    if master.startswith("local"):
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        conf["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
+    # PySpark names the executors' interpreter from this variable when the
+    # context starts (default "python3" on the PATH), whatever the session config says.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
+    if not master.startswith("local"):
+        conf["spark.executor.memory"] = os.environ.get("SPARK_EXECUTOR_MEMORY", "1g")
+        conf["spark.executor.cores"] = os.environ.get("SPARK_EXECUTOR_CORES", "1")
+    if _on_loopback(master):
+        conf["spark.driver.host"] = conf["spark.driver.bindAddress"] = "127.0.0.1"
     return conf
+
+
+def _on_loopback(master: str) -> bool:
+    """Whether a ``spark://host:port`` master URL names this machine's loopback interface."""
+    host = master.removeprefix("spark://").split(":", 1)[0]
+    return master.startswith("spark://") and host in ("127.0.0.1", "localhost")
 
 
 def spark_session(master: str | None = None, extra_conf: dict[str, str] | None = None) -> SparkSession:

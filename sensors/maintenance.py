@@ -8,9 +8,16 @@ config: a round of maintenance costs one process, not one per shard. The
 so repeated ticks over the same state never request the same work twice.
 While a run of the same kind is queued or in progress the tick is skipped, so
 runs never pile up and two merges never run at once.
+
+Thresholds and the tick interval are the engine's defaults unless these
+environment variables (read when the definitions load) override them:
+``LSM_SENSOR_INTERVAL_SECONDS`` (30), ``LSM_MERGE_TRIGGER_GENERATIONS`` (4),
+``LSM_MERGE_TRIGGER_ROWS`` (1000000), ``LSM_MERGE_TRIGGER_AGE_SECONDS`` (600),
+``LSM_FLUSH_TRIGGER_AGE_SECONDS`` (300), ``LSM_FLUSH_TRIGGER_IDLE_SECONDS`` (60).
 """
 
 import json
+import os
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -47,6 +54,35 @@ _UNFINISHED = [
 ]
 
 
+def _env_number(name: str, default: float) -> float:
+    """``name`` from the environment as a number, else ``default``."""
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+def flush_trigger() -> FlushTrigger:
+    """The flush trigger: engine defaults, overridden by ``LSM_FLUSH_TRIGGER_*``."""
+    default = FlushTrigger()
+    return FlushTrigger(
+        max_age_seconds=_env_number("LSM_FLUSH_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+        max_bytes=default.max_bytes,
+        idle_seconds=_env_number("LSM_FLUSH_TRIGGER_IDLE_SECONDS", default.idle_seconds),
+    )
+
+
+def merge_trigger() -> MergeTrigger:
+    """The merge trigger: engine defaults, overridden by ``LSM_MERGE_TRIGGER_*``."""
+    default = MergeTrigger()
+    return MergeTrigger(
+        generations=int(_env_number("LSM_MERGE_TRIGGER_GENERATIONS", default.generations)),
+        pending_rows=int(_env_number("LSM_MERGE_TRIGGER_ROWS", default.pending_rows)),
+        max_age_seconds=_env_number("LSM_MERGE_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+    )
+
+
+SENSOR_INTERVAL_SECONDS = int(_env_number("LSM_SENSOR_INTERVAL_SECONDS", 30))
+
+
 class Trigger(Protocol):
     def decide(self, state: "ShardState", now: float) -> "Decision | None": ...
 
@@ -58,7 +94,7 @@ def shard_sensor(
     trigger: Trigger,
     description: str,
     skip_while_writing: bool = False,
-    interval_seconds: int = 30,
+    interval_seconds: int = SENSOR_INTERVAL_SECONDS,
 ) -> SensorDefinition:
     """A sensor requesting one run of ``job`` for all the shards where ``trigger`` decides so.
 
@@ -114,7 +150,7 @@ flush_sensor = shard_sensor(
     "flush_sensor",
     flush_job,
     "flushed_generations",
-    FlushTrigger(),
+    flush_trigger(),
     "Flushes the shards whose WAL holds data no generation has (crashed or idle writers): "
     "older than 5 minutes or over 64 MiB, and untouched for 60 s.",
     skip_while_writing=True,
@@ -124,7 +160,7 @@ merge_sensor = shard_sensor(
     "merge_sensor",
     merge_job,
     "merged_base",
-    MergeTrigger(),
+    merge_trigger(),
     "Merges the shards with 4 pending generations, 1M pending rows, or a generation 10 minutes old "
     "into the base, in one run.",
 )

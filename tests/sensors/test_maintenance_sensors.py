@@ -97,3 +97,14 @@ def test_the_merge_trigger_fires_on_pending_rows_before_the_generation_count(mak
 
 def _shards(request, step: str) -> list[int]:
     return request.run_config["ops"][step]["config"]["shards"]
+
+
+def test_trigger_thresholds_follow_their_environment_overrides(monkeypatch):
+    from sensors.maintenance import flush_trigger, merge_trigger
+
+    assert merge_trigger() == MergeTrigger() and flush_trigger() == FlushTrigger()
+    monkeypatch.setenv("LSM_MERGE_TRIGGER_GENERATIONS", "2")
+    monkeypatch.setenv("LSM_MERGE_TRIGGER_AGE_SECONDS", "30")
+    monkeypatch.setenv("LSM_FLUSH_TRIGGER_IDLE_SECONDS", "5")
+    assert merge_trigger() == MergeTrigger(generations=2, max_age_seconds=30.0)
+    assert flush_trigger() == FlushTrigger(idle_seconds=5.0)

@@ -197,12 +197,28 @@ def write_landing_files(
     """
     if fmt not in _EXTENSIONS:
         raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
-    landing = TableStorage(landing_dir)
     batches = list(generate_changes(spec))
     for number, batch in enumerate(batches):
-        bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
-        landing.write_bytes_atomic(f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}", _file_bytes(batch, bad, fmt))
+        write_landing_file(batch, landing_dir, number, fmt, malformed_per_file, prefix)
     return batches
+
+
+def write_landing_file(
+    batch: pa.Table,
+    landing_dir: str,
+    number: int,
+    fmt: str = "parquet",
+    malformed_per_file: int = 0,
+    prefix: str = "changes",
+) -> str:
+    """Write one batch as landing file ``{prefix}-{number:06d}.<ext>``, atomically; return its name.
+
+    For streams that arrive over time (a soak test feeding a continuous ingestion).
+    """
+    bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
+    name = f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}"
+    TableStorage(landing_dir).write_bytes_atomic(name, _file_bytes(batch, bad, fmt))
+    return name
 
 
 _EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
