@@ -21,14 +21,15 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, TypeAlias, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..errors import Rejection
 from ..format.storage import TableStorage
+from ..write.changes import loose_column
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LEDGER_DIR = "_lsm_ingest/files"
@@ -42,6 +43,35 @@ class UnreadableFileError(ValueError):
     """The whole file cannot be parsed (not the format its name says, truncated...)."""
 
 
+NullMarkers: TypeAlias = "tuple[str, ...]"
+DEFAULT_CSV_NULL_MARKERS: NullMarkers = ("",)
+"""Unquoted CSV fields read as null: the empty field only (``NA``, ``null``, ``nan``... stay text)."""
+PARQUET_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class LandingPolicy:
+    """How ingestion reads landing files and treats the doubtful ones.
+
+    Attributes
+    ----------
+    csv_null_markers
+        Unquoted CSV fields read as null (default: the empty field only).
+    changed_files
+        A file landed again under a recorded name with another size:
+        ``"skip"`` (default) reports it (warning, metadata, quarantine entry)
+        and leaves it in place; ``"ingest"`` reports it and ingests it as a
+        new file (its rows are applied again, after the files before it).
+    settle_seconds
+        A CSV or JSON Lines file that does not end with a newline is taken
+        only once unmodified this long (it may still be being written).
+    """
+
+    csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS
+    changed_files: Literal["skip", "ingest"] = "skip"
+    settle_seconds: float = 30.0
+
+
 @dataclass(frozen=True)
 class LandingFile:
     """One change file; ``order`` is its position in file-name order."""
@@ -50,6 +80,37 @@ class LandingFile:
     name: str
     path: str
     size: int
+    mtime_ns: int = 0
+
+
+@dataclass(frozen=True)
+class LineRejection:
+    """A line of a landing file that could not be parsed into a row.
+
+    ``row`` is its 0-based line number (for CSV, counted from the line after
+    the header; blank lines count) and ``text`` the line as it was.
+    """
+
+    row: int
+    reason: str
+    text: str
+
+
+@dataclass(frozen=True)
+class LandingRows:
+    """A landing file as read: the rows that parsed, and the lines that did not.
+
+    ``row_numbers[i]`` is the file row (as :attr:`LineRejection.row`) of
+    ``table`` row ``i``; ``None`` when they are the same.
+    """
+
+    table: pa.Table
+    rejections: list[LineRejection]
+    row_numbers: np.ndarray | None = None
+
+    def file_row(self, row: int) -> int:
+        """The file row of ``table`` row ``row``."""
+        return row if self.row_numbers is None else int(self.row_numbers[row])
 
 
 def list_landing_files(landing_dir: str) -> list[LandingFile]:
@@ -66,18 +127,64 @@ def list_landing_files(landing_dir: str) -> list[LandingFile]:
         and os.path.splitext(n)[1].lower() in FORMATS
         and os.path.isfile(os.path.join(landing_dir, n))
     )
+    stats = [os.stat(os.path.join(landing_dir, n)) for n in names]
     return [
-        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)), os.path.getsize(os.path.join(landing_dir, n)))
-        for i, n in enumerate(names)
+        LandingFile(i, n, os.path.abspath(os.path.join(landing_dir, n)), st.st_size, st.st_mtime_ns)
+        for i, (n, st) in enumerate(zip(names, stats, strict=True))
     ]
 
 
-def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
+def unsupported_landing_entries(landing_dir: str) -> dict[str, str]:
+    """Entries of ``landing_dir`` ingestion will not take, each with why (``.``/``_`` names are not listed)."""
+    if not os.path.isdir(landing_dir):
+        return {}
+    unsupported: dict[str, str] = {}
+    for name in sorted(os.listdir(landing_dir)):
+        path = os.path.join(landing_dir, name)
+        if name[:1] in "._":
+            continue
+        if not os.path.exists(path):
+            unsupported[name] = "dangling symbolic link"
+        elif not os.path.isfile(path):
+            unsupported[name] = "not a regular file"
+        elif os.path.splitext(name)[1].lower() not in FORMATS:
+            unsupported[name] = f"unsupported file type; landing files end in one of {sorted(FORMATS)}"
+    return unsupported
+
+
+def landing_dir_exists(landing_dir: str) -> bool:
+    """Whether the landing directory exists (a missing one is reported, not an error)."""
+    return "://" in landing_dir or os.path.isdir(landing_dir)
+
+
+def is_complete(file: LandingFile, settle_seconds: float, now_ns: int | None = None) -> bool:
+    """Whether ``file`` looks completely written, so it may be ingested.
+
+    A Parquet file is complete once its footer's magic bytes are there (a
+    file that does not start with them is no Parquet file at all: complete,
+    and rejected when read). A text file is complete once it ends with a
+    newline or has not been modified for ``settle_seconds``. Files written
+    under a ``.``/``_`` name and then renamed are always complete.
+    """
+    if file.size == 0:
+        return False
+    with open(file.path, "rb") as f:
+        head = f.read(len(PARQUET_MAGIC))
+        f.seek(-len(PARQUET_MAGIC), os.SEEK_END)
+        tail = f.read()
+    if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
+        return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
+    age_seconds = ((now_ns or time.time_ns()) - file.mtime_ns) / 1e9
+    return tail.endswith(b"\n") or age_seconds >= settle_seconds
+
+
+def read_landing_file(path: str, csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS) -> LandingRows:
     """Read a change file as-is (values are cast and validated later).
 
-    CSV values are read as strings so that a bad value rejects its row, not
-    the file. JSON Lines are parsed line by line for the same reason: a line
-    that is not a JSON object is returned as a rejection with its row number.
+    CSV values are read as text, so that a bad value rejects its row, not
+    the file; only ``csv_null_markers`` (unquoted) are null. A CSV or JSON
+    Lines line that cannot be parsed (wrong field count, not UTF-8, not a
+    JSON object) is returned as a :class:`LineRejection` with its text.
 
     Raises
     ------
@@ -87,63 +194,159 @@ def read_landing_file(path: str) -> tuple[pa.Table, list[Rejection]]:
     kind = FORMATS.get(os.path.splitext(path)[1].lower())
     try:
         if kind == "parquet":
-            return pq.ParquetFile(path).read(), []
+            return LandingRows(pq.ParquetFile(path).read(), [])
         if kind == "csv":
-            return _read_csv(path), []
+            return _read_csv(path, csv_null_markers)
         if kind == "json":
             return _read_json_lines(path)
-    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise UnreadableFileError(f"{path}: cannot be read as {kind}: {exc}") from exc
-    raise UnreadableFileError(f"{path}: unsupported file type")
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UnreadableFileError(f"{os.path.basename(path)}: cannot be read as {kind}: {exc}") from exc
+    raise UnreadableFileError(f"{os.path.basename(path)}: unsupported file type")
 
 
-def _read_csv(path: str) -> pa.Table:
+_CSV_MIN_BLOCK_BYTES = 1 << 20
+
+
+def _read_csv(path: str, null_markers: NullMarkers) -> LandingRows:
     with open(path, newline="", encoding="utf-8") as f:
         header = next(csv.reader(f), [])
-    as_strings = {name: pa.string() for name in header}
-    return pacsv.read_csv(
+    bad_lines: list[tuple[int, str]] = []
+
+    def reject(row: pacsv.InvalidRow) -> str:
+        bad_lines.append((row.number or 0, row.text))
+        return "skip"
+
+    table = pacsv.read_csv(
         path,
+        # One thread, so that a bad line's number is known; a block holds the largest record.
+        read_options=pacsv.ReadOptions(
+            use_threads=False, block_size=max(_CSV_MIN_BLOCK_BYTES, os.path.getsize(path) + 1)
+        ),
+        parse_options=pacsv.ParseOptions(invalid_row_handler=reject),
         convert_options=pacsv.ConvertOptions(
-            column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False
+            column_types={name: pa.binary() for name in header},
+            null_values=list(null_markers),
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
         ),
     )
+    blank = _blank_lines(path)
+    # Physical line n (1-based; the header is line 1) is file row n - 2.
+    rejections = [
+        LineRejection(n - 2, f"line has {_field_count(text)} fields, the header {len(header)}", text)
+        for n, text in bad_lines
+    ]
+    table, utf8_rejections = _decode_utf8(table)
+    row_numbers = _csv_row_numbers(table.num_rows + len(utf8_rejections), {r.row for r in rejections}, blank)
+    rejections += [LineRejection(int(row_numbers[i]), reason, text) for i, reason, text in utf8_rejections]
+    keep = np.ones(len(row_numbers), dtype=bool)
+    keep[[i for i, _, _ in utf8_rejections]] = False
+    return LandingRows(table, sorted(rejections, key=lambda r: r.row), row_numbers[keep])
 
 
-def _read_json_lines(path: str) -> tuple[pa.Table, list[Rejection]]:
-    rows: list[dict[str, object]] = []
-    rejections: list[Rejection] = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(line for line in lines if line.strip()):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                rejections.append(Rejection(number, f"not valid JSON: {exc.msg}"))
-                rows.append({})
-                continue
-            if not isinstance(value, dict):
-                rejections.append(Rejection(number, "line is not a JSON object"))
-                value = {}
-            rows.append(value)
-    columns = sorted({k for row in rows for k in row})
-    table = pa.table({c: _json_column([row.get(c) for row in rows]) for c in columns})
-    if not columns:  # every line rejected: keep the row count
-        table = pa.table({"_op": pa.nulls(len(rows), pa.string())})
-    return table, rejections
+def _field_count(text: str) -> int:
+    return len(next(csv.reader([text]), []))
 
 
-def _json_column(values: list[object]) -> pa.Array:
-    """A column as Arrow infers it, or as strings where JSON types clash.
+def _blank_lines(path: str) -> set[int]:
+    """File rows (0-based, after the header) of the blank lines of a CSV file, which pyarrow skips."""
+    with open(path, "rb") as f:
+        return {n - 1 for n, line in enumerate(f) if n and not line.strip()}
 
-    Strings keep every value, so casting later rejects the offending row
-    instead of failing the whole file.
+
+def _csv_row_numbers(rows: int, rejected: set[int], blank: set[int]) -> np.ndarray:
+    """The file row of each parsed row: file rows in order, less blank and rejected lines."""
+    numbers: list[int] = []
+    row = 0
+    while len(numbers) < rows:
+        if row not in rejected and row not in blank:
+            numbers.append(row)
+        row += 1
+    return np.array(numbers, dtype=np.int64)
+
+
+def _decode_utf8(table: pa.Table) -> tuple[pa.Table, list[tuple[int, str, str]]]:
+    """Binary CSV columns as strings; rows with bytes that are not UTF-8 are dropped and returned.
+
+    Returns the decoded table and (table row, reason, row text) per dropped row.
     """
+    bad: dict[int, str] = {}
+    for name in table.column_names:
+        try:
+            table[name].cast(pa.string())
+        except pa.ArrowInvalid:
+            for row, value in enumerate(table[name].to_pylist()):
+                if value is not None and not _is_utf8(value):
+                    bad.setdefault(row, f"column {name!r} is not valid UTF-8")
+    dropped = [
+        (row, reason, ",".join(_as_text(table[c][row].as_py()) for c in table.column_names))
+        for row, reason in sorted(bad.items())
+    ]
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[list(bad)] = False
+    good = table.filter(pa.array(keep)) if bad else table
+    return pa.table({c: good[c].cast(pa.string()) for c in good.column_names}), dropped
+
+
+def _is_utf8(value: bytes) -> bool:
     try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array(
-            [None if v is None else json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in values],
-            pa.string(),
-        )
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _as_text(value: bytes | None) -> str:
+    return "" if value is None else value.decode("utf-8", errors="backslashreplace")
+
+
+def _read_json_lines(path: str) -> LandingRows:
+    rows: list[dict[str, object]] = []
+    numbers: list[int] = []
+    rejections: list[LineRejection] = []
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            value, reason = _parse_json_line(raw)
+            if reason is not None:
+                rejections.append(LineRejection(number, reason, _as_text(raw).rstrip("\r\n")))
+            else:
+                rows.append(cast("dict[str, object]", value))
+                numbers.append(number)
+    if not rows and rejections:
+        _refuse_single_document(path)
+    columns = sorted({k for row in rows for k in row})
+    table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
+    return LandingRows(table, rejections, np.array(numbers, dtype=np.int64))
+
+
+def _parse_json_line(raw: bytes) -> tuple[object, str | None]:
+    """A JSON Lines line as an object, or why it is none."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "line is not valid UTF-8"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON: {exc.msg}"
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    if not isinstance(value, dict):
+        return None, "line is not a JSON object"
+    return value, None
+
+
+def _refuse_single_document(path: str) -> None:
+    """Raise when a file none of whose lines is an object holds one JSON document (an array, pretty-printed)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except (ValueError, RecursionError):
+        return
+    raise UnreadableFileError(
+        f"{os.path.basename(path)}: holds one JSON document (an array or pretty-printed JSON), "
+        "not JSON Lines (one object per line)"
+    )
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,20 @@ def test_missing_key_column_is_named(make_table):
         table.write(pa.table({"name": ["a"]}))
 
 
-def test_castable_values_are_accepted_and_partial_rows_fill_nulls(make_table):
+def test_castable_values_are_accepted(make_table):
     table = make_table()
-    table.write(pa.table({"id": ["7"], "price": [3]}))  # string key, int price, no name
+    table.write(pa.table({"id": ["7"], "name": [None], "price": [3]}))  # string key, int price
     assert table.read().to_pylist() == [{"id": 7, "name": None, "price": 3.0}]
+
+
+def test_an_upsert_missing_a_column_is_refused_instead_of_wiping_it(make_table):
+    table = make_table()
+    table.write(pa.table(GOOD))
+    with pytest.raises(
+        InvalidChangesError, match="row 0: column 'price' is missing; an upsert must carry every column"
+    ):
+        table.write(pa.table({"id": [1], "name": ["x"]}))
+    assert table.lookup([1]).to_pylist() == [{"id": 1, "name": "a", "price": 1.0}]
 
 
 def test_delete_needs_only_the_key_and_missing_keys_are_noops(make_table):
