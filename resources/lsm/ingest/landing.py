@@ -208,8 +208,8 @@ _CSV_MIN_BLOCK_BYTES = 1 << 20
 
 
 def _read_csv(path: str, null_markers: NullMarkers) -> LandingRows:
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
+    with open(path, "rb") as f:
+        header = next(csv.reader([f.readline().decode("utf-8")]), [])
     bad_lines: list[tuple[int, str]] = []
 
     def reject(row: pacsv.InvalidRow) -> str:
@@ -271,21 +271,21 @@ def _decode_utf8(table: pa.Table) -> tuple[pa.Table, list[tuple[int, str, str]]]
     Returns the decoded table and (table row, reason, row text) per dropped row.
     """
     bad: dict[int, str] = {}
-    for name in table.column_names:
+    for name, column in zip(table.column_names, table.columns, strict=True):
         try:
-            table[name].cast(pa.string())
+            column.cast(pa.string())
         except pa.ArrowInvalid:
-            for row, value in enumerate(table[name].to_pylist()):
+            for row, value in enumerate(column.to_pylist()):
                 if value is not None and not _is_utf8(value):
                     bad.setdefault(row, f"column {name!r} is not valid UTF-8")
     dropped = [
-        (row, reason, ",".join(_as_text(table[c][row].as_py()) for c in table.column_names))
+        (row, reason, ",".join(_as_text(column[row].as_py()) for column in table.columns))
         for row, reason in sorted(bad.items())
     ]
     keep = np.ones(table.num_rows, dtype=bool)
     keep[list(bad)] = False
     good = table.filter(pa.array(keep)) if bad else table
-    return pa.table({c: good[c].cast(pa.string()) for c in good.column_names}), dropped
+    return pa.Table.from_arrays([c.cast(pa.string()) for c in good.columns], names=good.column_names), dropped
 
 
 def _is_utf8(value: bytes) -> bool:
