@@ -25,6 +25,19 @@ from tests.resources.lsm.spark.test_bad_landing_files import HEADER, csv_line, g
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _execute(job: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``dagster job execute`` of ``job`` in a child process with ``env``."""
+    dagster = Path(sys.executable).with_name("dagster")
+    return subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", job, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
 @pytest.fixture(scope="module")
 def table_with_history(tmp_path_factory):
     """A table with two generations per shard and an unflushed WAL tail; returns (env, oracle)."""
@@ -49,31 +62,11 @@ def table_with_history(tmp_path_factory):
 @pytest.mark.parametrize("job", ["flush_job", "merge_job", "gc_job"])
 def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
     env, oracle = table_with_history
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", job],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _execute(job, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "RUN_SUCCESS" in result.stdout + result.stderr
     table = LsmTable.open(env["LSM_TABLE_URI"])
     assert {k[0]: v for k, v in rows_by_key(table.read()).items()} == oracle
-
-
-def _execute(job: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    dagster = Path(sys.executable).with_name("dagster")
-    return subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", job],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def _materialization_metadata(dagster_home: Path, asset: str) -> dict:
@@ -145,15 +138,7 @@ def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
         "DAGSTER_HOME": str(tmp_path / "dagster_home"),
     }
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "demo_job", "-c", str(config)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = _execute("demo_job", env, "-c", str(config))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     oracle = replay(list(generate_changes(ChangeStreamSpec(num_keys=500, num_batches=2, batch_size=300, seed=3))))
     table = LsmTable.open(env["LSM_TABLE_URI"])

@@ -97,6 +97,7 @@ def dagster_ui(tmp_path):
         **os.environ,
         "DAGSTER_HOME": str(home),
         "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_CREATE_TABLE": "true",
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
     }
     bin_dir = Path(sys.executable).parent
