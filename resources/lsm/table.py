@@ -264,10 +264,11 @@ class LsmTable:
         Raises
         ------
         InvalidChangesError
-            If any row is invalid (null key, value of the wrong type, unknown
-            ``_op``...). The whole call is refused; nothing is written.
-        ValueError
-            For unknown columns or missing key columns.
+            For any content problem: a row invalid (null key, value of the
+            wrong type, unknown ``_op``, an upsert missing a column; see
+            ``rejections``) or the batch as a whole (key column missing,
+            unknown or duplicate columns; see ``problem``). The whole call is
+            refused; nothing is written.
         WriterFencedError
             If another writer claimed a shard. Shards written before the fence
             keep their rows; the call can be retried (writes are idempotent
