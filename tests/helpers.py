@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
 from resources.lsm.format.shard_manifest import list_wal_entries, position_name, shard_dir
 from resources.lsm.format.wal import read_wal_entry
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dagster_job_execute(job: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``dagster job execute -m definitions -j job`` in a child process with ``env``, output captured."""
+    dagster = Path(sys.executable).with_name("dagster")
+    return subprocess.run(
+        [str(dagster), "job", "execute", "-m", "definitions", "-j", job, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,23 +17,10 @@ from resources.lsm.testing.changegen import (
     replay,
     write_landing_files,
 )
-from tests.helpers import rows_by_key
+from tests.helpers import dagster_job_execute, rows_by_key
 from tests.resources.lsm.spark.test_bad_landing_files import HEADER, csv_line, good, jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _execute(job: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """``dagster job execute`` of ``job`` in a child process with ``env``."""
-    dagster = Path(sys.executable).with_name("dagster")
-    return subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", job, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +47,7 @@ def table_with_history(tmp_path_factory):
 @pytest.mark.parametrize("job", ["flush_job", "merge_job", "gc_job"])
 def test_job_runs_from_the_cli_and_keeps_the_view(table_with_history, job):
     env, oracle = table_with_history
-    result = _execute(job, env)
+    result = dagster_job_execute(job, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "RUN_SUCCESS" in result.stdout + result.stderr
     table = LsmTable.open(env["LSM_TABLE_URI"])
@@ -99,7 +84,7 @@ def test_ingest_job_ingests_around_poison_files_and_reports_them(tmp_path):
         "DAGSTER_HOME": str(tmp_path / "dagster_home"),
     }
 
-    result = _execute("ingest_job", env)
+    result = dagster_job_execute("ingest_job", env)
 
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "RUN_SUCCESS" in output, output[-3000:]
@@ -118,7 +103,7 @@ def test_ingest_job_ingests_around_poison_files_and_reports_them(tmp_path):
         assert reason in quarantine
 
     pq.write_table(pa.Table.from_pylist([good(k + 7)]), landing / "f-trunc.parquet")
-    again = _execute("ingest_job", env)
+    again = dagster_job_execute("ingest_job", env)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     oracle[k + 7] = {c: v for c, v in good(k + 7).items() if not c.startswith("_")}
     assert {key[0]: v for key, v in rows_by_key(table.read()).items()} == oracle
@@ -138,7 +123,7 @@ def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
         "DAGSTER_HOME": str(tmp_path / "dagster_home"),
     }
-    result = _execute("demo_job", env, "-c", str(config))
+    result = dagster_job_execute("demo_job", env, "-c", str(config))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     oracle = replay(list(generate_changes(ChangeStreamSpec(num_keys=500, num_batches=2, batch_size=300, seed=3))))
     table = LsmTable.open(env["LSM_TABLE_URI"])

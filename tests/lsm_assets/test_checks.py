@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import lance
@@ -31,7 +29,7 @@ from resources.lsm.format.shard_manifest import shard_dir
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
+from tests.helpers import dagster_job_execute, forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEAP_CHECKS = [
@@ -265,7 +263,6 @@ def test_a_large_merged_view_is_validated_on_spark(make_table, spark):
 
 
 def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
-    dagster = Path(sys.executable).with_name("dagster")
     env = {
         **os.environ,
         "DAGSTER_HOME": str(tmp_path),
@@ -273,14 +270,7 @@ def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
         "LSM_CREATE_TABLE": "true",
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
     }
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "quality_job"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = dagster_job_execute("quality_job", env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert output.count("ASSET_CHECK_EVALUATION") == len(all_checks)

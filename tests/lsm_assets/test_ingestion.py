@@ -21,7 +21,7 @@ from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, 
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import rows_by_key
+from tests.helpers import dagster_job_execute, rows_by_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,15 +120,7 @@ def test_ingest_job_runs_from_the_cli_with_env_defaults(locations):
     batches = write_landing_files(spec, str(locations / "landing"))
     env = {**os.environ, "DAGSTER_HOME": str(locations / "dagster_home")}
     os.makedirs(env["DAGSTER_HOME"])
-    dagster = Path(sys.executable).with_name("dagster")
-    result = subprocess.run(
-        [str(dagster), "job", "execute", "-m", "definitions", "-j", "ingest_job"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = dagster_job_execute("ingest_job", env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert _view(str(locations / "table.lance")) == replay(batches)
 
