@@ -256,13 +256,10 @@ def _blank_lines(path: str) -> set[int]:
 
 def _csv_row_numbers(rows: int, rejected: set[int], blank: set[int]) -> np.ndarray:
     """The file row of each parsed row: file rows in order, less blank and rejected lines."""
-    numbers: list[int] = []
-    row = 0
-    while len(numbers) < rows:
-        if row not in rejected and row not in blank:
-            numbers.append(row)
-        row += 1
-    return np.array(numbers, dtype=np.int64)
+    candidates = np.arange(rows + len(rejected | blank), dtype=np.int64)
+    if not rejected and not blank:
+        return candidates
+    return candidates[~np.isin(candidates, np.fromiter(rejected | blank, np.int64))][:rows]
 
 
 def _decode_utf8(table: pa.Table) -> tuple[pa.Table, list[tuple[int, str, str]]]:
