@@ -99,7 +99,12 @@ def test_ingest_job_ingests_around_poison_files_and_reports_them(tmp_path):
     oracle = replay([*batches, pa.Table.from_pylist([good(k), good(k + 2), good(k + 4), good(k + 5)])])
     assert {key[0]: v for key, v in rows_by_key(table.read()).items()} == oracle
     quarantine = "".join(f.read_text() for f in (landing / "_quarantine").glob("run=*/*.json"))
-    for reason in ("is not a valid int64", "is not a valid string", "duplicate column names", "line has 2 fields"):
+    for reason in (
+        "is not a valid int64",
+        "is not one of ['upsert', 'delete']",
+        "duplicate column names",
+        "line has 2",
+    ):
         assert reason in quarantine
 
     pq.write_table(pa.Table.from_pylist([good(k + 7)]), landing / "f-trunc.parquet")
