@@ -163,14 +163,15 @@ def is_complete(file: LandingFile, settle_seconds: float, now_ns: int | None = N
     A Parquet file is complete once its footer's magic bytes are there (a
     file that does not start with them is no Parquet file at all: complete,
     and rejected when read). A text file is complete once it ends with a
-    newline or has not been modified for ``settle_seconds``. Files written
-    under a ``.``/``_`` name and then renamed are always complete.
+    newline or has not been modified for ``settle_seconds``. An empty file is
+    not complete. These are heuristics: writing under a ``.``/``_`` name and
+    renaming once written is what makes a file safe to take at once.
     """
     if file.size == 0:
         return False
     with open(file.path, "rb") as f:
         head = f.read(len(PARQUET_MAGIC))
-        f.seek(-len(PARQUET_MAGIC), os.SEEK_END)
+        f.seek(max(0, file.size - len(PARQUET_MAGIC)))
         tail = f.read()
     if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
         return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
