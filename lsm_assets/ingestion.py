@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from resources.lsm import LsmTable
+    from resources.lsm.ingest.landing import LandingPolicy
     from resources.lsm.spark.ingest import IngestReport
 
 
@@ -53,11 +54,33 @@ class IngestConfig(Config):
     archive_max_age_hours: float = Field(
         default=168.0, description="Archived landing files older than this are deleted."
     )
+    csv_null_markers: list[str] = Field(
+        default=[""],
+        description="Unquoted CSV fields read as null (default: the empty field only; NA, null, nan stay text).",
+    )
+    changed_files: str = Field(
+        default="skip",
+        description=(
+            "A file landed again under an ingested name with another size is always reported; 'skip' leaves it "
+            "in place, 'ingest' ingests it again."
+        ),
+    )
+    settle_seconds: float = Field(
+        default=30.0,
+        description="A CSV/JSONL file not ending with a newline is taken once unmodified this long.",
+    )
 
     def backpressure_policy(self) -> BackpressurePolicy:
         if self.backpressure not in ("wait", "fail"):
             raise ValueError(f"backpressure must be 'wait' or 'fail', not {self.backpressure!r}")
         return BackpressurePolicy(self.stop_generations, self.backpressure, self.max_wait_seconds)
+
+    def landing_policy(self) -> "LandingPolicy":
+        from resources.lsm.ingest.landing import LandingPolicy
+
+        if self.changed_files not in ("skip", "ingest"):
+            raise ValueError(f"changed_files must be 'skip' or 'ingest', not {self.changed_files!r}")
+        return LandingPolicy(tuple(self.csv_null_markers), self.changed_files, self.settle_seconds)  # type: ignore[arg-type]
 
 
 def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) -> dict[str, Any]:
@@ -95,7 +118,9 @@ def ingest(
 ) -> dict[str, Any]:
     """Ingest pending landing files with Spark after backpressure; log per shard and return the metadata.
 
-    The metadata is empty when no file was pending.
+    ``files`` in the metadata is 0 when no file was pending; files rejected
+    whole, changed, incomplete or unsupported files and a missing landing
+    directory are logged as warnings and listed in the metadata.
 
     ``writers``: a table object whose open writers the rows go through (a
     continuous run's); by default Spark's write tasks open their own.
@@ -119,11 +144,55 @@ def ingest(
         max_files=max_files,
         retention=retention,
         storage_options=table.storage_options,
+        policy=config.landing_policy(),
     )
+    problems = landing_problems(report, config.landing_dir)
+    for problem in problems.values():
+        context.log.warning(problem)
+    metadata = {"files": 0, **_problem_metadata(report)}
+    if report.quarantine_path:
+        metadata["quarantine_path"] = MetadataValue.path(report.quarantine_path)
     if not report.files:
-        return {}
+        return metadata
     log_report(context, report, table.shard_ids)
-    return {**report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
+    return {**metadata, **report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
+
+
+def landing_problems(report: "IngestReport", landing_dir: str) -> dict[str, str]:
+    """One warning per kind of landing problem the report holds (empty when there is none)."""
+    scan = report.scan
+    lines = {
+        "landing_dir_missing": f"landing directory {landing_dir} does not exist; nothing to ingest"
+        if scan.landing_dir_missing
+        else "",
+        "files_rejected": _listing("files rejected whole (quarantined, recorded)", report.files_rejected),
+        "files_changed": _listing("files landed again with other content", scan.changed),
+        "files_incomplete": _listing(
+            "files still being written, left for the next run", dict.fromkeys(scan.incomplete, "incomplete")
+        ),
+        "files_unsupported": _listing("entries in the landing directory that are not ingested", scan.unsupported),
+    }
+    return {key: line for key, line in lines.items() if line}
+
+
+def _listing(title: str, reasons: dict[str, str]) -> str:
+    return f"{len(reasons)} {title}: " + "; ".join(f"{n}: {r}" for n, r in reasons.items()) if reasons else ""
+
+
+def _problem_metadata(report: "IngestReport") -> dict[str, Any]:
+    scan = report.scan
+    metadata: dict[str, Any] = {}
+    if scan.landing_dir_missing:
+        metadata["landing_dir_missing"] = True
+    for key, reasons in (
+        ("files_rejected", report.files_rejected),
+        ("files_changed", scan.changed),
+        ("files_incomplete", dict.fromkeys(scan.incomplete, "still being written")),
+        ("files_unsupported", scan.unsupported),
+    ):
+        if reasons:
+            metadata[key] = MetadataValue.json(reasons)
+    return metadata
 
 
 @asset(group_name="ingestion", kinds={"python", "parquet"})
@@ -141,9 +210,9 @@ def ingested_changes(
     the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
     file, row and reason; a file is recorded as ingested only after its rows are durable."""
     metadata = ingest(context, config, spark.spark_session, lsm_table.open())
-    if not metadata:
+    if not metadata["files"]:
         context.log.info(f"no pending landing files in {config.landing_dir}")
-    return MaterializeResult(metadata=metadata or {"files": 0})
+    return MaterializeResult(metadata=metadata)
 
 
 def log_report(
@@ -177,6 +246,4 @@ def report_metadata(report: "IngestReport", shard_ids: list[str]) -> dict[str, A
     }
     for shard in report.shards:
         metadata[f"shard_{bucket[shard.shard_id]}_rows"] = shard.upserts + shard.deletes
-    if report.quarantine_path:
-        metadata["quarantine_path"] = MetadataValue.path(report.quarantine_path)
     return metadata

@@ -44,7 +44,7 @@ def ingest_continuously(
             metadata = ingest(
                 context, config, spark.spark_session, table, max_files=config.max_files_per_batch, writers=table
             )
-            if not metadata:
+            if not metadata["files"]:
                 idle += 1
                 time.sleep(config.poll_seconds)
                 continue

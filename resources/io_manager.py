@@ -64,7 +64,10 @@ class LsmTableIOManager(ConfigurableIOManager):
         if kind not in FORMATS:
             raise ValueError(f"{FORMAT_METADATA} must be one of {FORMATS}, not {kind!r}")
         metadata = context.upstream_output.definition_metadata if context.upstream_output else {}
-        columns, filter = _as_value(metadata.get(COLUMNS_METADATA)), _as_value(metadata.get(FILTER_METADATA))
+        from .lsm.read.filter_text import checked_filter
+
+        columns = _as_value(metadata.get(COLUMNS_METADATA))
+        filter = checked_filter(_as_value(metadata.get(FILTER_METADATA)))
         if kind == "spark":
             value = self._spark_frame(context, columns, filter)
             rows = value.count()

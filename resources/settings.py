@@ -32,3 +32,15 @@ def quarantine_dir() -> str:
 def num_shards() -> int:
     """``LSM_NUM_SHARDS``: shards of a new table, and the shard partitions of maintenance assets."""
     return int(os.environ.get("LSM_NUM_SHARDS", "4"))
+
+
+def create_table_if_missing(uri: str) -> bool:
+    """``LSM_CREATE_TABLE`` (``true``/``false``): create a missing table on first use.
+
+    Unset: only for the embedded default ``data/table.lance`` (the demo's), so
+    a mistyped ``LSM_TABLE_URI`` fails instead of creating a new table.
+    """
+    setting = os.environ.get("LSM_CREATE_TABLE", "").strip().lower()
+    if setting:
+        return setting in ("1", "true", "yes")
+    return os.path.abspath(uri) == os.path.abspath(DEFAULT_TABLE_URI)

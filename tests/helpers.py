@@ -53,7 +53,7 @@ def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int =
     write could; the shard's writer is left crashed so the entry is unflushed. The entry carries
     the writer metadata of a real one (epoch, generation)."""
     key = keys_in_bucket(table, bucket, 1)[0]
-    table.write(pa.table({"id": [key]}))
+    table.write(pa.Table.from_pylist([{"id": key}], schema=table.schema))  # every column, nulls but the key
     table.detach_writers()
     shard = table.shards()[bucket]
     entry = list_wal_entries(table.storage, shard.shard_id)[-1]

@@ -50,6 +50,7 @@ def dagster_ui(tmp_path) -> Iterator[DagsterServices]:
         **os.environ,
         "DAGSTER_HOME": str(dagster_home(tmp_path / "dagster_home")),
         "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_CREATE_TABLE": "true",
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
     }
     with dagster_services(env, tmp_path / "logs") as services:

@@ -18,13 +18,27 @@ class WriterFencedError(RuntimeError):
 
 
 class InvalidChangesError(ValueError):
-    """A write was refused because some rows are invalid; nothing was applied."""
+    """A write was refused because its content is invalid; nothing was applied.
 
-    def __init__(self, rejections: list[Rejection], total_rows: int) -> None:
+    ``rejections`` names each invalid row and why; ``problem`` is set instead
+    when the batch as a whole is invalid (a key column missing, unknown or
+    duplicate column names, values Arrow cannot convert at all).
+    """
+
+    def __init__(self, rejections: list[Rejection], total_rows: int, problem: str | None = None) -> None:
         self.rejections = rejections
+        self.problem = problem
+        if problem is not None:
+            super().__init__(f"the batch of {total_rows} rows was refused, nothing was written: {problem}")
+            return
         shown = "; ".join(str(r) for r in rejections[:5])
         more = f" (and {len(rejections) - 5} more)" if len(rejections) > 5 else ""
         super().__init__(f"{len(rejections)} of {total_rows} rows are invalid, nothing was written: {shown}{more}")
+
+    @classmethod
+    def whole_batch(cls, problem: str, total_rows: int) -> InvalidChangesError:
+        """The error for a batch refused as a whole, for ``problem``."""
+        return cls([], total_rows, problem)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import merged_read, vector_search
+from .read.filter_text import checked_filter
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
 from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
@@ -184,7 +185,8 @@ class LsmTable:
         ValueError
             For an invalid key, shard count, bucket column, writer setting or index.
         OSError
-            If a dataset already exists at ``uri``.
+            If a dataset already exists at ``uri``; ``FileExistsError`` if ``uri``
+            is a non-empty folder that is not a table (nothing is written there).
         """
         if num_shards < 1:
             raise ValueError(f"num_shards must be at least 1, got {num_shards}")
@@ -198,6 +200,7 @@ class LsmTable:
         vector_search.validate_search_indexes(keyed, vector_index, fts_column)
 
         uri = _absolute(uri)
+        _refuse_foreign_folder(uri)
         dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
         if len(primary_key) == 1:
             dataset.create_scalar_index(primary_key[0], "BTREE")
@@ -261,10 +264,11 @@ class LsmTable:
         Raises
         ------
         InvalidChangesError
-            If any row is invalid (null key, value of the wrong type, unknown
-            ``_op``...). The whole call is refused; nothing is written.
-        ValueError
-            For unknown columns or missing key columns.
+            For any content problem: a row invalid (null key, value of the
+            wrong type, unknown ``_op``, an upsert missing a column; see
+            ``rejections``) or the batch as a whole (key column missing,
+            unknown or duplicate columns; see ``problem``). The whole call is
+            refused; nothing is written.
         WriterFencedError
             If another writer claimed a shard. Shards written before the fence
             keep their rows; the call can be retried (writes are idempotent
@@ -479,11 +483,18 @@ class LsmTable:
         columns
             Columns to return (default: all).
         filter
-            A Lance SQL predicate, e.g. ``"price > 10 AND region = 'eu'"``.
+            A Lance SQL predicate, e.g. ``"price > 10 AND region = 'eu'"``;
+            ``None``, empty or whitespace for none.
         fresh
             Also include rows durable in a WAL but not yet flushed (written
             by any process). ``False`` reads flushed generations and the base only.
+
+        Raises
+        ------
+        ValueError
+            If ``filter`` holds a ``;`` outside a string literal (Lance would ignore the rest).
         """
+        filter = checked_filter(filter)
         # The base version is pinned first (see snapshot); its scan starts
         # while the pending levels above it are being pinned.
         dataset = self.dataset()
@@ -508,8 +519,9 @@ class LsmTable:
         Each key appears at most once, with its newest version; ``columns``
         (default: all) plus ``_distance``. ``filter`` is Lance SQL. Needs a
         table created with ``vector_index``; see :func:`resources.lsm.read.vector_search.search`.
+        ``filter`` is checked as for :meth:`read`.
         """
-        return vector_search.search(self.snapshot(fresh), vector, k, filter, columns)
+        return vector_search.search(self.snapshot(fresh), vector, k, checked_filter(filter), columns)
 
     def lookup(self, keys: Keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.
@@ -525,9 +537,9 @@ class LsmTable:
         snapshot = self.snapshot(fresh, {self.shard_ids[b] for b in np.unique(buckets)})
         return merged_read.lookup(snapshot, key_table, buckets, columns or self.schema.names, self._generation_filters)
 
-    def count(self, fresh: bool = True) -> int:
-        """Number of live keys in the merged view (streamed: memory does not grow with the table)."""
-        return sum(batch.num_rows for batch in self.scanner(columns=list(self.primary_key), fresh=fresh))
+    def count(self, fresh: bool = True, filter: str | None = None) -> int:
+        """Number of live keys in the merged view matching ``filter`` (streamed, in bounded memory)."""
+        return sum(batch.num_rows for batch in self.scanner(list(self.primary_key), filter, fresh))
 
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""
@@ -686,6 +698,17 @@ def _absolute(uri: str) -> str:
     """Local paths become absolute: Spark executors and other processes resolve
     them from another working directory."""
     return uri if "://" in uri else os.path.abspath(uri)
+
+
+def _refuse_foreign_folder(uri: str) -> None:
+    """Raise ``FileExistsError`` if ``uri`` is a non-empty folder without a Lance table."""
+    storage = TableStorage(uri)
+    names = sorted(e.name for e in storage.list_dir(""))
+    if names and "_versions" not in names:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise FileExistsError(
+            f"{uri} is a non-empty folder that is not a table ({shown}); refusing to create one there"
+        )
 
 
 def _slices(rows: pa.Table | None, size: int) -> Iterator[pa.Table]:

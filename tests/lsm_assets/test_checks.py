@@ -263,6 +263,7 @@ def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
     env = {
         "DAGSTER_HOME": str(tmp_path),
         "LSM_TABLE_URI": str(tmp_path / "table.lance"),
+        "LSM_CREATE_TABLE": "true",
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
     }
     output = run_cli_job("quality_job", env)

@@ -29,12 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def locations(tmp_path, monkeypatch):
     monkeypatch.setenv("LSM_TABLE_URI", str(tmp_path / "table.lance"))
+    monkeypatch.setenv("LSM_CREATE_TABLE", "true")
     monkeypatch.setenv("LSM_LANDING_DIR", str(tmp_path / "landing"))
     return tmp_path
 
 
 def _resources(spark, tmp_path: Path) -> dict:
-    table = LsmTableResource(uri=str(tmp_path / "table.lance"))
+    table = LsmTableResource(uri=str(tmp_path / "table.lance"), create_if_missing=True)
     return {
         "lsm_table": table,
         "spark": SparkResource(master="local[2]"),

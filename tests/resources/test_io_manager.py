@@ -92,3 +92,18 @@ def test_refuses_data_returned_by_an_asset(table):
 
     with pytest.raises(TypeError, match=r"write through LsmTable\.write"):
         materialize([returns_rows], resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+
+
+@pytest.mark.parametrize("filter_text, loaded", [("   ", 10), ("price > 1", 2), ("1=1; DROP TABLE x", None)])
+def test_filter_metadata_is_checked_before_any_read(table, filter_text, loaded):
+    @asset(name="items", metadata={"lsm/filter": filter_text})
+    def filtered_items() -> MaterializeResult:
+        return MaterializeResult()
+
+    assets = [filtered_items, as_arrow]
+    if loaded is None:
+        with pytest.raises(ValueError, match="Lance would ignore everything after the ';'"):
+            materialize(assets, resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+        return
+    result = materialize(assets, resources={"io_manager": LsmTableIOManager(uri=table.uri)})
+    assert result.success and row_count(result, "as_arrow") == loaded

@@ -11,11 +11,6 @@ Once recorded, a file is retired per :class:`LandingRetention`: moved to
 ``<landing dir>/_archive/`` (the default; archived files are deleted after
 ``archive_max_age_seconds``, counted from their modification time), deleted,
 or kept in place.
-
-Every location (landing directory, landing file, table) is a local path or a
-URI (``s3://...``), reached through ``pyarrow.fs``
-(:func:`~resources.lsm.format.storage.filesystem`); ``storage_options`` are
-the table's (see :class:`~resources.lsm.format.storage.TableStorage`).
 """
 
 from __future__ import annotations
@@ -27,14 +22,16 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, TypeAlias, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..errors import Rejection
 from ..format.storage import StorageOptions, TableStorage, filesystem, join
+from ..write.changes import loose_column
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LEDGER_DIR = "_lsm_ingest/files"
@@ -48,6 +45,35 @@ class UnreadableFileError(ValueError):
     """The whole file cannot be parsed (not the format its name says, truncated...)."""
 
 
+NullMarkers: TypeAlias = "tuple[str, ...]"
+DEFAULT_CSV_NULL_MARKERS: NullMarkers = ("",)
+"""Unquoted CSV fields read as null: the empty field only (``NA``, ``null``, ``nan``... stay text)."""
+PARQUET_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class LandingPolicy:
+    """How ingestion reads landing files and treats the doubtful ones.
+
+    Attributes
+    ----------
+    csv_null_markers
+        Unquoted CSV fields read as null (default: the empty field only).
+    changed_files
+        A file landed again under a recorded name with another size:
+        ``"skip"`` (default) reports it (warning, metadata, quarantine entry)
+        and leaves it in place; ``"ingest"`` reports it and ingests it as a
+        new file (its rows are applied again, after the files before it).
+    settle_seconds
+        A CSV or JSON Lines file that does not end with a newline is taken
+        only once unmodified this long (it may still be being written).
+    """
+
+    csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS
+    changed_files: Literal["skip", "ingest"] = "skip"
+    settle_seconds: float = 30.0
+
+
 @dataclass(frozen=True)
 class LandingFile:
     """One change file; ``order`` is its position in file-name order."""
@@ -56,6 +82,37 @@ class LandingFile:
     name: str
     path: str
     size: int
+    mtime_ns: int = 0
+
+
+@dataclass(frozen=True)
+class LineRejection:
+    """A line of a landing file that could not be parsed into a row.
+
+    ``row`` is its 0-based line number (for CSV, counted from the line after
+    the header; blank lines count) and ``text`` the line as it was.
+    """
+
+    row: int
+    reason: str
+    text: str
+
+
+@dataclass(frozen=True)
+class LandingRows:
+    """A landing file as read: the rows that parsed, and the lines that did not.
+
+    ``row_numbers[i]`` is the file row (as :attr:`LineRejection.row`) of
+    ``table`` row ``i``; ``None`` when they are the same.
+    """
+
+    table: pa.Table
+    rejections: list[LineRejection]
+    row_numbers: np.ndarray | None = None
+
+    def file_row(self, row: int) -> int:
+        """The file row of ``table`` row ``row``."""
+        return row if self.row_numbers is None else int(self.row_numbers[row])
 
 
 def list_landing_files(landing_dir: str, storage_options: StorageOptions | None = None) -> list[LandingFile]:
@@ -66,92 +123,245 @@ def list_landing_files(landing_dir: str, storage_options: StorageOptions | None 
     local path) or a URI.
     """
     files = {
-        f.name: f.size
+        f.name: f
         for f in TableStorage(landing_dir, storage_options).list_files("")
         if f.name[:1] not in "._" and os.path.splitext(f.name)[1].lower() in FORMATS
     }
-    return [LandingFile(i, n, join(landing_dir, n), files[n]) for i, n in enumerate(sorted(files))]
+    return [
+        LandingFile(i, n, join(landing_dir, n), files[n].size, files[n].mtime_ns or 0)
+        for i, n in enumerate(sorted(files))
+    ]
 
 
-def read_landing_file(path: str, storage_options: StorageOptions | None = None) -> tuple[pa.Table, list[Rejection]]:
+def unsupported_landing_entries(landing_dir: str, storage_options: StorageOptions | None = None) -> dict[str, str]:
+    """Entries of ``landing_dir`` ingestion will not take, each with why (``.``/``_`` names are not listed)."""
+    fs, root = filesystem(landing_dir, storage_options)
+    entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
+    unsupported: dict[str, str] = {}
+    for entry in sorted(entries, key=lambda e: e.base_name):
+        name = entry.base_name
+        if name[:1] in "._":
+            continue
+        if entry.type == pafs.FileType.NotFound:  # a local symbolic link to nothing
+            unsupported[name] = "dangling symbolic link"
+        elif entry.type != pafs.FileType.File:
+            unsupported[name] = "not a regular file"
+        elif os.path.splitext(name)[1].lower() not in FORMATS:
+            unsupported[name] = f"unsupported file type; landing files end in one of {sorted(FORMATS)}"
+    return unsupported
+
+
+def landing_dir_exists(landing_dir: str, storage_options: StorageOptions | None = None) -> bool:
+    """Whether the landing directory exists (a missing one is reported, not an error).
+
+    On an object store a "directory" is a key prefix: it exists once a file is under it.
+    """
+    fs, root = filesystem(landing_dir, storage_options)
+    if "://" not in landing_dir:
+        info: pafs.FileInfo = fs.get_file_info(root)
+        return bool(info.type == pafs.FileType.Directory)
+    children: list[pafs.FileInfo] = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
+    return bool(children)
+
+
+def is_complete(
+    file: LandingFile,
+    settle_seconds: float,
+    now_ns: int | None = None,
+    storage_options: StorageOptions | None = None,
+) -> bool:
+    """Whether ``file`` looks completely written, so it may be ingested.
+
+    A Parquet file is complete once its footer's magic bytes are there (a
+    file that does not start with them is no Parquet file at all: complete,
+    and rejected when read). A text file is complete once it ends with a
+    newline or has not been modified for ``settle_seconds``. An empty file is
+    not complete. These are heuristics: writing under a ``.``/``_`` name and
+    renaming once written is what makes a file safe to take at once.
+    """
+    if file.size == 0:
+        return False
+    fs, path = filesystem(file.path, storage_options)
+    with fs.open_input_file(path) as f:
+        head: bytes = f.read(len(PARQUET_MAGIC))
+        f.seek(max(0, file.size - len(PARQUET_MAGIC)))
+        tail: bytes = f.read()
+    if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
+        return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
+    age_seconds = ((now_ns or time.time_ns()) - file.mtime_ns) / 1e9
+    return tail.endswith(b"\n") or age_seconds >= settle_seconds
+
+
+def read_landing_file(
+    path: str,
+    csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS,
+    storage_options: StorageOptions | None = None,
+) -> LandingRows:
     """Read a change file as-is (values are cast and validated later).
 
-    CSV values are read as strings so that a bad value rejects its row, not
-    the file. JSON Lines are parsed line by line for the same reason: a line
-    that is not a JSON object is returned as a rejection with its row number.
+    CSV values are read as text, so that a bad value rejects its row, not
+    the file; only ``csv_null_markers`` (unquoted) are null. A CSV or JSON
+    Lines line that cannot be parsed (wrong field count, not UTF-8, not a
+    JSON object) is returned as a :class:`LineRejection` with its text.
 
     Raises
     ------
     UnreadableFileError
         If the file cannot be parsed at all.
     """
+    name = os.path.basename(path)
     kind = FORMATS.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise UnreadableFileError(f"{name}: unsupported file type")
     try:
         fs, fs_path = filesystem(path, storage_options)
         with fs.open_input_file(fs_path) as source:
-            if kind == "parquet":
-                return pq.ParquetFile(source).read(), []
-            if kind == "csv":
-                return _read_csv(source), []
-            if kind == "json":
-                return _read_json_lines(source)
-    except (pa.ArrowInvalid, OSError, UnicodeDecodeError) as exc:
-        raise UnreadableFileError(f"{path}: cannot be read as {kind}: {exc}") from exc
-    raise UnreadableFileError(f"{path}: unsupported file type")
+            data = source.read_buffer()
+        if kind == "parquet":
+            return LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
+        if kind == "csv":
+            return _read_csv(data, csv_null_markers)
+        return _read_json_lines(data, name)
+    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
 
 
-def _read_csv(source: pa.NativeFile) -> pa.Table:
-    data = source.read_buffer()
-    header = next(csv.reader(_text(data, newline="")), [])
-    as_strings = {name: pa.string() for name in header}
-    return pacsv.read_csv(
+_CSV_MIN_BLOCK_BYTES = 1 << 20
+
+
+def _read_csv(data: pa.Buffer, null_markers: NullMarkers) -> LandingRows:
+    header = next(csv.reader([io.BytesIO(data).readline().decode("utf-8")]), [])
+    bad_lines: list[tuple[int, str]] = []
+
+    def reject(row: pacsv.InvalidRow) -> str:
+        bad_lines.append((row.number or 0, row.text))
+        return "skip"
+
+    table = pacsv.read_csv(
         pa.BufferReader(data),
+        # One thread, so that a bad line's number is known; a block holds the largest record.
+        read_options=pacsv.ReadOptions(use_threads=False, block_size=max(_CSV_MIN_BLOCK_BYTES, data.size + 1)),
+        parse_options=pacsv.ParseOptions(invalid_row_handler=reject),
         convert_options=pacsv.ConvertOptions(
-            column_types=as_strings, strings_can_be_null=True, quoted_strings_can_be_null=False
+            column_types={name: pa.binary() for name in header},
+            null_values=list(null_markers),
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
         ),
     )
+    filled, blank = _csv_lines(data)
+    # pyarrow numbers the lines it parses (1-based, the header first), not the empty ones it skips.
+    rejections = [
+        LineRejection(int(filled[n - 1]), f"line has {_field_count(text)} fields, the header {len(header)}", text)
+        for n, text in bad_lines
+    ]
+    table, utf8_rejections = _decode_utf8(table)
+    row_numbers = _csv_row_numbers(table.num_rows + len(utf8_rejections), {r.row for r in rejections}, blank)
+    rejections += [LineRejection(int(row_numbers[i]), reason, text) for i, reason, text in utf8_rejections]
+    keep = np.ones(len(row_numbers), dtype=bool)
+    keep[[i for i, _, _ in utf8_rejections]] = False
+    return LandingRows(table, sorted(rejections, key=lambda r: r.row), row_numbers[keep])
 
 
-def _read_json_lines(source: pa.NativeFile) -> tuple[pa.Table, list[Rejection]]:
-    rows: list[dict[str, object]] = []
-    rejections: list[Rejection] = []
-    with _text(source.read_buffer(), newline=None) as lines:
-        for number, line in enumerate(line for line in lines if line.strip()):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as exc:
-                rejections.append(Rejection(number, f"not valid JSON: {exc.msg}"))
-                rows.append({})
-                continue
-            if not isinstance(value, dict):
-                rejections.append(Rejection(number, "line is not a JSON object"))
-                value = {}
-            rows.append(value)
-    columns = sorted({k for row in rows for k in row})
-    table = pa.table({c: _json_column([row.get(c) for row in rows]) for c in columns})
-    if not columns:  # every line rejected: keep the row count
-        table = pa.table({"_op": pa.nulls(len(rows), pa.string())})
-    return table, rejections
+def _field_count(text: str) -> int:
+    return len(next(csv.reader([text]), []))
 
 
-def _text(data: pa.Buffer, newline: str | None) -> io.TextIOWrapper:
-    """``data`` as UTF-8 text, as ``open(..., encoding="utf-8", newline=newline)`` reads a file."""
-    return io.TextIOWrapper(pa.BufferReader(data), encoding="utf-8", newline=newline)
+def _csv_lines(data: pa.Buffer) -> tuple[np.ndarray, set[int]]:
+    """File rows (0-based after the header; the header is -1) of a CSV file's non-empty lines, and of its empty ones."""
+    empty = np.array([not line.rstrip(b"\r\n") for line in io.BytesIO(data)], dtype=bool)
+    rows = np.arange(len(empty), dtype=np.int64) - 1
+    return rows[~empty], set(rows[empty].tolist())
 
 
-def _json_column(values: list[object]) -> pa.Array:
-    """A column as Arrow infers it, or as strings where JSON types clash.
+def _csv_row_numbers(rows: int, rejected: set[int], blank: set[int]) -> np.ndarray:
+    """The file row of each parsed row: file rows in order, less blank and rejected lines."""
+    candidates = np.arange(rows + len(rejected | blank), dtype=np.int64)
+    if not rejected and not blank:
+        return candidates
+    return candidates[~np.isin(candidates, np.fromiter(rejected | blank, np.int64))][:rows]
 
-    Strings keep every value, so casting later rejects the offending row
-    instead of failing the whole file.
+
+def _decode_utf8(table: pa.Table) -> tuple[pa.Table, list[tuple[int, str, str]]]:
+    """Binary CSV columns as strings; rows with bytes that are not UTF-8 are dropped and returned.
+
+    Returns the decoded table and (table row, reason, row text) per dropped row.
     """
+    bad: dict[int, str] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        try:
+            column.cast(pa.string())
+        except pa.ArrowInvalid:
+            for row, value in enumerate(column.to_pylist()):
+                if value is not None and not _is_utf8(value):
+                    bad.setdefault(row, f"column {name!r} is not valid UTF-8")
+    dropped = [
+        (row, reason, ",".join(_as_text(column[row].as_py()) for column in table.columns))
+        for row, reason in sorted(bad.items())
+    ]
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[list(bad)] = False
+    good = table.filter(pa.array(keep)) if bad else table
+    return pa.Table.from_arrays([c.cast(pa.string()) for c in good.columns], names=good.column_names), dropped
+
+
+def _is_utf8(value: bytes) -> bool:
     try:
-        return pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        return pa.array(
-            [None if v is None else json.dumps(v) if isinstance(v, (dict, list)) else str(v) for v in values],
-            pa.string(),
-        )
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _as_text(value: bytes | None) -> str:
+    return "" if value is None else value.decode("utf-8", errors="backslashreplace")
+
+
+def _read_json_lines(data: pa.Buffer, name: str) -> LandingRows:
+    rows: list[dict[str, object]] = []
+    numbers: list[int] = []
+    rejections: list[LineRejection] = []
+    with io.BytesIO(data) as lines:
+        for number, raw in enumerate(lines):
+            if not raw.strip():
+                continue
+            value, reason = _parse_json_line(raw)
+            if reason is not None:
+                rejections.append(LineRejection(number, reason, _as_text(raw).rstrip("\r\n")))
+            else:
+                rows.append(cast("dict[str, object]", value))
+                numbers.append(number)
+    if not rows and rejections:
+        _refuse_single_document(data, name)
+    columns = sorted({k for row in rows for k in row})
+    table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
+    return LandingRows(table, rejections, np.array(numbers, dtype=np.int64))
+
+
+def _parse_json_line(raw: bytes) -> tuple[object, str | None]:
+    """A JSON Lines line as an object, or why it is none."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "line is not valid UTF-8"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON: {exc.msg}"
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    if not isinstance(value, dict):
+        return None, "line is not a JSON object"
+    return value, None
+
+
+def _refuse_single_document(data: pa.Buffer, name: str) -> None:
+    """Raise when a file none of whose lines is an object holds one JSON document (an array, pretty-printed)."""
+    try:
+        json.loads(data.to_pybytes().decode("utf-8"))
+    except (ValueError, RecursionError):
+        return
+    raise UnreadableFileError(
+        f"{name}: holds one JSON document (an array or pretty-printed JSON), not JSON Lines (one object per line)"
+    )
 
 
 @dataclass(frozen=True)

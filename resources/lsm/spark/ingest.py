@@ -54,30 +54,36 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import Rejection
+from ..errors import InvalidChangesError, Rejection
 from ..format.schema import SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
     STAGING_DIR,
     IngestLedger,
     LandingFile,
+    LandingPolicy,
     LandingRetention,
+    LandingRows,
     LedgerEntry,
+    NullMarkers,
     UnreadableFileError,
+    is_complete,
+    landing_dir_exists,
     list_landing_files,
     new_ledger_entry,
     read_landing_file,
     retire_landing_files,
+    unsupported_landing_entries,
 )
 from ..table import LsmTable, ShardTotals, ShardWriteCount
-from ..write.changes import validate_changes
+from ..write.changes import ValidatedChanges, validate_changes
 
 if TYPE_CHECKING:  # PySpark is imported where it runs, never at module load
     from pyspark import RDD, Accumulator, AccumulatorParam
     from pyspark.sql import SparkSession
 
-_PerFile: TypeAlias = "dict[int, tuple[int, int]]"
-"""``{file order: (rows, rejected rows)}``, collected by an accumulator."""
+_PerFile: TypeAlias = "dict[int, tuple[int, int, str | None]]"
+"""``{file order: (rows, rejected rows, why the whole file was rejected)}``, collected by an accumulator."""
 _Staged: TypeAlias = "_StagedFile | _RejectedRow"
 """What the stage RDD holds (an RDD's ``filter`` does not narrow it: hence the casts)."""
 
@@ -92,8 +98,38 @@ class ShardIngestStats:
 
 
 @dataclass(frozen=True)
+class LandingScan:
+    """What a look at the landing directory found, beyond the files to ingest.
+
+    Attributes
+    ----------
+    pending
+        Files to ingest now, in file-name order.
+    changed
+        Recorded names landed again with another size: name → what happened.
+    incomplete
+        Files that look still being written; left for the next run.
+    unsupported
+        Entries that are no landing file (extension, dangling link...): name → why.
+    landing_dir_missing
+        The landing directory does not exist.
+    """
+
+    pending: list[LandingFile]
+    changed: dict[str, str] = field(default_factory=dict)
+    incomplete: tuple[str, ...] = ()
+    unsupported: dict[str, str] = field(default_factory=dict)
+    landing_dir_missing: bool = False
+
+
+@dataclass(frozen=True)
 class IngestReport(ShardTotals):
-    """What one ingestion did; ``files`` lists the landing files it recorded."""
+    """What one ingestion did; ``files`` lists the landing files it recorded.
+
+    ``files_rejected`` maps the recorded files rejected as a whole to why;
+    ``scan`` is what else the landing directory held (changed, incomplete,
+    unsupported files).
+    """
 
     files: tuple[str, ...] = ()
     rows_read: int = 0
@@ -102,6 +138,8 @@ class IngestReport(ShardTotals):
     elapsed_seconds: float = 0.0
     quarantine_path: str | None = None
     per_file: dict[str, tuple[int, int]] = field(default_factory=dict)
+    files_rejected: dict[str, str] = field(default_factory=dict)
+    scan: LandingScan = field(default_factory=lambda: LandingScan([]))
 
     @property
     def rows_written(self) -> int:
@@ -118,22 +156,60 @@ def pending_landing_files(
     retention: LandingRetention = LandingRetention(),
     storage_options: StorageOptions | None = None,
 ) -> list[LandingFile]:
-    """Landing files not yet recorded in the table's ledger, in file-name order.
+    """Landing files not yet recorded in the table's ledger, in file-name order (see :func:`scan_landing`)."""
+    return scan_landing(table_uri, landing_dir, retention, storage_options=storage_options).pending
+
+
+def scan_landing(
+    table_uri: str,
+    landing_dir: str,
+    retention: LandingRetention = LandingRetention(),
+    policy: LandingPolicy = LandingPolicy(),
+    storage_options: StorageOptions | None = None,
+) -> LandingScan:
+    """Look at the landing directory: the complete files to ingest, and everything else worth reporting.
 
     Recorded files still in the landing directory (a crash came between
     recording and retiring them) are retired now, if they are the very file
-    recorded (same size); a different file under a recorded name is left.
+    recorded (same size). A different file under a recorded name is reported
+    in ``changed`` and, per ``policy.changed_files``, left (default) or
+    ingested. Files that look still being written (:func:`is_complete`) are
+    left for a later run. ``storage_options`` apply to the table (ledger)
+    and the landing directory alike.
     """
     ledger = IngestLedger(table_uri, storage_options)
     done = ledger.ingested_names()
     listing = list_landing_files(landing_dir, storage_options)
-    leftovers = [f.name for f in listing if f.name in done and _same_size(ledger.entry(f.name), f)]
+    entries = {f.name: ledger.entry(f.name) for f in listing if f.name in done}
+    leftovers = [f.name for f in listing if _same_size(entries.get(f.name), f)]
     retire_landing_files(landing_dir, leftovers, retention, storage_options)
-    return [f for f in listing if f.name not in done]
+    changed = {f.name: _changed_reason(f, entries[f.name], policy) for f in listing if _is_changed(entries, f)}
+    new = [f for f in listing if f.name not in done or (f.name in changed and policy.changed_files == "ingest")]
+    complete = [f for f in new if is_complete(f, policy.settle_seconds, storage_options=storage_options)]
+    return LandingScan(
+        pending=complete,
+        changed=changed,
+        incomplete=tuple(f.name for f in new if f not in complete),
+        unsupported=unsupported_landing_entries(landing_dir, storage_options),
+        landing_dir_missing=not landing_dir_exists(landing_dir, storage_options),
+    )
 
 
 def _same_size(entry: LedgerEntry | None, file: LandingFile) -> bool:
     return entry is not None and entry.size == file.size
+
+
+def _is_changed(entries: dict[str, LedgerEntry | None], file: LandingFile) -> bool:
+    return file.name in entries and not _same_size(entries[file.name], file)
+
+
+def _changed_reason(file: LandingFile, entry: LedgerEntry | None, policy: LandingPolicy) -> str:
+    recorded = "?" if entry is None else entry.size
+    action = "ingested again" if policy.changed_files == "ingest" else "skipped, left in place"
+    return (
+        f"landed again with {file.size} bytes, but a file of this name with {recorded} bytes was already "
+        f"ingested: {action} (changed_files={policy.changed_files!r})"
+    )
 
 
 def ingest_landing_files(
@@ -146,6 +222,7 @@ def ingest_landing_files(
     writers: LsmTable | None = None,
     max_files: int | None = None,
     retention: LandingRetention = LandingRetention(),
+    policy: LandingPolicy = LandingPolicy(),
     storage_options: StorageOptions | None = None,
 ) -> IngestReport:
     """Ingest pending landing files (file-name order) into the table; return what happened.
@@ -162,11 +239,20 @@ def ingest_landing_files(
     retention
         What happens to a file after it was recorded (default: moved to
         ``_archive/`` in the landing directory).
+    policy
+        CSV null markers, what to do with a changed file landed again under
+        a recorded name, when a text file counts as completely written.
     storage_options
         Object-store options (as for :meth:`LsmTable.open`) for the table,
         the landing directory and the quarantine, here and in every task;
         ignored when ``writers`` is given (its own are used). ``None``: the
         environment (``AWS_*``) configures object stores.
+
+    A file's content never fails the call: rows that cannot be parsed or
+    validated are quarantined (with file, row, reason and record), a file
+    that cannot be read at all is quarantined whole (row -1, the error and
+    the file name) and recorded. Only platform faults (storage, Spark,
+    memory) raise; then nothing of the call is recorded.
 
     Re-running after a crash re-applies exactly the files that were not
     recorded, in order, which leaves the merged view as if they had been
@@ -182,30 +268,33 @@ def ingest_landing_files(
     run_id = run_id or uuid.uuid4().hex[:12]
     table = writers or LsmTable.open(table_uri, storage_options=storage_options)
     options = table.storage_options
-    files = pending_landing_files(table_uri, landing_dir, retention, options)[:max_files]
+    scan = scan_landing(table_uri, landing_dir, retention, policy, options)
+    files = scan.pending[:max_files]
+    call = uuid.uuid4().hex[:8]
+    changed_rows = [_RejectedRow(name, -1, reason, None) for name, reason in scan.changed.items()]
+    quarantine_path = _quarantine_driver_rows(changed_rows, quarantine_dir, run_id, call, options)
     if not files:
-        return IngestReport(elapsed_seconds=time.monotonic() - started)
+        return IngestReport(elapsed_seconds=time.monotonic() - started, scan=scan, quarantine_path=quarantine_path)
 
     counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
-    call = uuid.uuid4().hex[:8]
     staging = f"{STAGING_DIR}/run={run_id}-{call}"  # one per call, even in a long run
     try:
-        staged = _stage(spark, table, files, counts, staging)
+        staged = _stage(spark, table, files, counts, staging, policy.csv_null_markers)
         shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
-        per_file: dict[int, tuple[int, int]] = counts.value  # every staged file reported
+        per_file: _PerFile = counts.value  # every staged file reported
         rows_quarantined = sum(per_file[f.order][1] for f in files)
-        quarantine_path = None
         if rows_quarantined:
-            quarantine_path = join(quarantine_dir, f"run={run_id}")
-            with_rejections = [f for f in files if per_file[f.order][1]]
-            _quarantine(_stage(spark, table, with_rejections, counts, None), quarantine_path, call, options)
+            quarantine_path = _quarantine_path(quarantine_dir, run_id)
+            rejected_files = [f for f in files if per_file[f.order][1]]
+            restaged = _stage(spark, table, rejected_files, counts, None, policy.csv_null_markers)
+            _quarantine(restaged, quarantine_path, call, options)
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
         table.storage.delete_dir(staging)
 
     ledger = IngestLedger(table_uri, options)
     for f in files:
-        rows, rejected = per_file[f.order]
+        rows, rejected, _ = per_file[f.order]
         ledger.record(new_ledger_entry(f, rows, rejected, run_id))
     retire_landing_files(landing_dir, [f.name for f in files], retention, options)
     return IngestReport(
@@ -215,8 +304,26 @@ def ingest_landing_files(
         shards=tuple(shard_stats),
         elapsed_seconds=time.monotonic() - started,
         quarantine_path=quarantine_path,
-        per_file={f.name: per_file[f.order] for f in files},
+        per_file={f.name: per_file[f.order][:2] for f in files},
+        files_rejected={f.name: reason for f in files if (reason := per_file[f.order][2]) is not None},
+        scan=scan,
     )
+
+
+def _quarantine_path(quarantine_dir: str, run_id: str) -> str:
+    return join(quarantine_dir, f"run={run_id}")
+
+
+def _quarantine_driver_rows(
+    rows: list[_RejectedRow], quarantine_dir: str, run_id: str, call: str, storage_options: StorageOptions | None
+) -> str | None:
+    """Quarantine entries the driver found (changed files); return the run's quarantine path if any."""
+    if not rows:
+        return None
+    path = _quarantine_path(quarantine_dir, run_id)
+    for _ in _write_quarantine_file(rows, path, f"part-{call}-driver.json", storage_options):
+        pass
+    return path
 
 
 # --------------------------------------------------------------------- driver side
@@ -256,7 +363,12 @@ class _RejectedRow:
 
 
 def _stage(
-    spark: SparkSession, table: LsmTable, files: list[LandingFile], counts: Accumulator[_PerFile], staging: str | None
+    spark: SparkSession,
+    table: LsmTable,
+    files: list[LandingFile],
+    counts: Accumulator[_PerFile],
+    staging: str | None,
+    null_markers: NullMarkers,
 ) -> RDD[_Staged]:
     """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
 
@@ -272,7 +384,9 @@ def _stage(
         range(len(files)), min(len(files), spark.sparkContext.defaultParallelism)
     )
     uri, options = table.uri, table.storage_options
-    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, options, staging, counts))
+    return positions.mapPartitions(
+        lambda part: _stage_files(part, listing, uri, options, staging, counts, null_markers)
+    )
 
 
 def _quarantine(staged: RDD[_Staged], path: str, call: str, storage_options: StorageOptions | None) -> None:
@@ -325,6 +439,7 @@ def _stage_files(
     storage_options: StorageOptions | None,
     staging: str | None,
     counts: Accumulator[_PerFile],
+    null_markers: NullMarkers,
 ) -> Iterator[_Staged]:
     """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
 
@@ -340,10 +455,10 @@ def _stage_files(
         for position in positions:
             order, name, path = listing[position]
             first_order = order if first_order is None else first_order
-            parts, rejected, rows_and_rejected = _stage_one_file(table, name, path)
+            parts, rejected, file_counts = _stage_one_file(table, name, path, null_markers)
             for bucket, rows in parts:
                 staged.append(bucket, rows)
-            counts.add({order: rows_and_rejected})
+            counts.add({order: file_counts})
             yield from rejected
     finally:
         files = staged.close()
@@ -389,25 +504,58 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
 
 
 def _stage_one_file(
-    table: LsmTable, name: str, path: str
-) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int]]:
-    """One file's good rows by bucket, its rejected rows and its (rows, rejected rows)."""
+    table: LsmTable, name: str, path: str, null_markers: NullMarkers
+) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int, str | None]]:
+    """One file's good rows by bucket, its rejected rows and its (rows, rejected rows, whole-file reason).
+
+    Whatever the file holds, this returns: a file that cannot be read or
+    validated at all is rejected whole (one row ``-1`` naming the file and
+    the error). Only a platform fault (:func:`_is_platform_fault`) raises.
+    """
     try:
-        raw, rejections = read_landing_file(path, table.storage_options)
-    except UnreadableFileError as exc:
-        return [], _rejected_rows(name, [Rejection(-1, str(exc))], None), (1, 1)
+        read = read_landing_file(path, null_markers, table.storage_options)
+        validated = _validate_file(table, read)
+        rejected = _rejected_rows(name, read, validated.rejections)
+        rows = read.table.num_rows + len(read.rejections)
+        return _rows_by_bucket(table, validated.valid), rejected, (rows, len(rejected), None)
+    except Exception as exc:
+        if _is_platform_fault(exc):
+            raise
+        reason = _whole_file_reason(name, exc)
+        return [], [_RejectedRow(name, -1, reason, None)], (1, 1, reason)
+
+
+def _validate_file(table: LsmTable, read: LandingRows) -> ValidatedChanges:
+    """The file's parsed rows validated; a batch-level problem rejects every row with its reason."""
     try:
-        validated = validate_changes(raw, table.schema, table.primary_key, reject_unknown_columns=True)
-    except ValueError as exc:  # e.g. a key column missing from the whole file
-        everything = [Rejection(r, str(exc)) for r in range(raw.num_rows)]
-        return [], _rejected_rows(name, everything, raw), (raw.num_rows, raw.num_rows)
-    # A JSON line that failed to parse was read as an empty row, which
-    # validation rejects for its null key; the parse error explains it better.
-    rejected = {r.row: r for r in validated.rejections}
-    rejected.update({r.row: r for r in rejections})
-    good = validated.valid
-    rejected_rows = _rejected_rows(name, sorted(rejected.values(), key=lambda r: r.row), raw)
-    return _rows_by_bucket(table, good), rejected_rows, (good.num_rows + len(rejected), len(rejected))
+        return validate_changes(read.table, table.schema, table.primary_key, reject_unknown_columns=True)
+    except InvalidChangesError as exc:
+        if exc.problem is None or not read.table.num_rows:
+            raise
+        everyone = [Rejection(r, exc.problem) for r in range(read.table.num_rows)]
+        return ValidatedChanges(read.table.slice(0, 0), everyone)
+
+
+def _whole_file_reason(name: str, exc: BaseException) -> str:
+    message = str(exc) if isinstance(exc, UnreadableFileError) else f"{type(exc).__name__}: {exc}"
+    return message if message.startswith(name) else f"{name}: {message}"
+
+
+_PLATFORM_FAULTS = (MemoryError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError)
+
+
+def _is_platform_fault(exc: BaseException) -> bool:
+    """Whether reading a file failed for the platform (storage, memory), not its content.
+
+    Operating-system errors with an ``errno`` and object-store errors are the
+    platform's; Arrow's own I/O errors (a corrupt Parquet footer) are content.
+    """
+    for error in (exc, exc.__cause__):
+        if isinstance(error, _PLATFORM_FAULTS):
+            return True
+        if isinstance(error, OSError) and (error.errno is not None or "AWS Error" in str(error)):
+            return True
+    return False
 
 
 def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -427,19 +575,19 @@ def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table
     return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends, strict=True)]
 
 
-def _rejected_rows(name: str, rejections: list[Rejection], raw: pa.Table | None) -> list[_RejectedRow]:
-    return [
-        _RejectedRow(name, r.row, r.reason, record)
-        for r, record in zip(rejections, _records(raw, rejections), strict=True)
-    ]
+def _rejected_rows(name: str, read: LandingRows, invalid: list[Rejection]) -> list[_RejectedRow]:
+    """The file's rejected rows in file-row order: lines that did not parse (with their text), then invalid rows.
 
-
-def _records(raw: pa.Table | None, rejections: list[Rejection]) -> list[str | None]:
-    """Each rejected row as JSON; ``None`` when the whole file was unreadable."""
-    if raw is None or not rejections:
-        return [None] * len(rejections)
-    rows = raw.take(pa.array([r.row for r in rejections], pa.int64())).to_pylist()
-    return [json.dumps(row, default=str) for row in rows]
+    An invalid row's record is the row as read, as JSON; its row is its file row.
+    """
+    rows = [_RejectedRow(name, r.row, r.reason, r.text) for r in read.rejections]
+    if invalid:
+        records = read.table.take(pa.array([r.row for r in invalid], pa.int64())).to_pylist()
+        rows += [
+            _RejectedRow(name, read.file_row(r.row), r.reason, json.dumps(record, default=str))
+            for r, record in zip(invalid, records, strict=True)
+        ]
+    return sorted(rows, key=lambda r: r.row)
 
 
 def _write_quarantine_file(

@@ -10,6 +10,7 @@ upserts from deletes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -17,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import Rejection
+from ..errors import InvalidChangesError, Rejection
 from ..format.schema import CHANGE_COLUMNS, CHANGE_OPS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
 from ..read.dedup import last_per_key
 
@@ -70,8 +71,44 @@ def to_arrow(data: ChangeData) -> pa.Table:
     except ImportError:  # pragma: no cover - pandas is a dependency
         pd = None
     if pd is not None and isinstance(data, pd.DataFrame):
-        return pa.Table.from_pandas(data, preserve_index=False)
+        return _from_pandas(data)
     raise TypeError(f"cannot write {type(data).__name__}; pass a pyarrow Table or pandas DataFrame")
+
+
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError)
+"""What Arrow raises for Python or pandas values it cannot convert to one column type."""
+
+
+def loose_column(values: list[object]) -> pa.Array:
+    """A column as Arrow infers it, or as text where it cannot (mixed types, an int beyond int64...).
+
+    Text keeps every value, so casting to the table's type later rejects
+    the offending rows instead of failing the whole batch.
+    """
+    try:
+        return pa.array(values)
+    except _CONVERSION_ERRORS:
+        return pa.array([None if v is None else v if isinstance(v, str) else _as_json(v) for v in values], pa.string())
+
+
+def _as_json(value: object) -> str:
+    return json.dumps(value, default=str)
+
+
+def _from_pandas(frame: pd.DataFrame) -> pa.Table:
+    """A DataFrame as Arrow; a column Arrow cannot convert becomes text (see :func:`loose_column`)."""
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    except _CONVERSION_ERRORS:
+        names = [str(c) for c in frame.columns]
+        _refuse_duplicate_columns(names, len(frame))
+        return pa.table({name: loose_column(frame[c].tolist()) for name, c in zip(names, frame.columns, strict=True)})
+
+
+def _refuse_duplicate_columns(names: list[str], rows: int) -> None:
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise InvalidChangesError.whole_batch(f"duplicate column names {duplicates}", rows)
 
 
 def validate_changes(
@@ -85,19 +122,27 @@ def validate_changes(
     with ``reject_unknown_columns``, reject the rows that hold a value in them
     (a landing file must not lose data silently).
 
+    An upsert missing a non-key column is rejected (partial updates are not
+    supported: the column would be set to null). Booleans are never accepted
+    as numbers; NaN stays NaN.
+
     Raises
     ------
-    ValueError
-        If the batch lacks a key column, or has unknown columns and
-        ``reject_unknown_columns`` is false.
+    InvalidChangesError
+        (A ``ValueError``) with ``problem`` set if the batch as a whole is
+        invalid: a key column missing, duplicate column names, or unknown
+        columns while ``reject_unknown_columns`` is false.
     """
     table = to_arrow(data)
+    _refuse_duplicate_columns(table.column_names, table.num_rows)
     missing_keys = [k for k in primary_key if k not in table.column_names]
     if missing_keys:
-        raise ValueError(f"primary-key columns {missing_keys} are missing from the batch")
+        raise InvalidChangesError.whole_batch(f"primary-key columns {missing_keys} are missing", table.num_rows)
     unknown = [c for c in table.column_names if c not in schema.names and c not in CHANGE_COLUMNS]
     if unknown and not reject_unknown_columns:
-        raise ValueError(f"unknown columns {unknown}; the table has {schema.names} (+ optional _op, _seq)")
+        raise InvalidChangesError.whole_batch(
+            f"unknown columns {unknown}; the table has {schema.names} (+ optional _op, _seq)", table.num_rows
+        )
 
     reasons: dict[int, str] = {}
     for name in unknown:
@@ -149,7 +194,7 @@ def resolve_ordered_changes(ordered: pa.Table, schema: pa.Schema, primary_key: l
 def _ops_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
     if OP_COLUMN not in table.column_names:
         return pa.array([UPSERT] * table.num_rows, pa.string())
-    ops = pc.utf8_lower(pc.utf8_trim_whitespace(table[OP_COLUMN].cast(pa.string()))).combine_chunks()
+    ops = pc.utf8_lower(pc.utf8_trim_whitespace(_cast_values(table[OP_COLUMN], pa.string(), OP_COLUMN, reasons)))
     known = pc.fill_null(pc.is_in(ops, pa.array(CHANGE_OPS)), False)
     for row in np.flatnonzero(~known.to_numpy(zero_copy_only=False)):
         raw = table[OP_COLUMN][int(row)].as_py()
@@ -173,6 +218,9 @@ def _cast_column(
         if target.name in primary_key:  # checked by the caller; kept for clarity
             raise ValueError(f"primary-key column {target.name!r} is missing")
         values = pa.nulls(table.num_rows, target.type)
+        upserts = ~is_delete.to_numpy(zero_copy_only=False)
+        for row in np.flatnonzero(upserts):
+            reasons.setdefault(int(row), f"column {target.name!r} is missing; an upsert must carry every column")
     else:
         values = _cast_values(table[target.name], target.type, target.name, reasons)
     nulls = values.is_null().to_numpy(zero_copy_only=False)
@@ -187,8 +235,17 @@ def _cast_column(
 
 
 def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str, reasons: dict[int, str]) -> pa.Array:
-    """Cast a column; values that do not cast become null and are rejected."""
+    """Cast a column; values that do not cast become null and are rejected.
+
+    Booleans never cast to numbers (``true`` is no key ``1``).
+    """
     column = column.combine_chunks()
+    if pa.types.is_boolean(column.type) and _is_numeric(target):
+        for flagged in np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False)):
+            reasons.setdefault(
+                int(flagged), f"{name}={column[int(flagged)].as_py()!r} is a boolean, not a valid {target}"
+            )
+        return pa.nulls(len(column), target)
     try:
         return column.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
@@ -204,3 +261,7 @@ def _cast_values(column: pa.ChunkedArray, target: pa.DataType, name: str, reason
             reasons.setdefault(row, f"{name}={value.as_py()!r} is not a valid {target}")
             values.append(None)
     return pa.array(values, target)
+
+
+def _is_numeric(target: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(target) or pa.types.is_floating(target) or pa.types.is_decimal(target))

@@ -51,10 +51,20 @@ def test_missing_key_column_is_named(make_table):
         table.write(pa.table({"name": ["a"]}))
 
 
-def test_castable_values_are_accepted_and_partial_rows_fill_nulls(make_table):
+def test_castable_values_are_accepted(make_table):
     table = make_table()
-    table.write(pa.table({"id": ["7"], "price": [3]}))  # string key, int price, no name
+    table.write(pa.table({"id": ["7"], "name": [None], "price": [3]}))  # string key, int price
     assert table.read().to_pylist() == [{"id": 7, "name": None, "price": 3.0}]
+
+
+def test_an_upsert_missing_a_column_is_refused_instead_of_wiping_it(make_table):
+    table = make_table()
+    table.write(pa.table(GOOD))
+    with pytest.raises(
+        InvalidChangesError, match="row 0: column 'price' is missing; an upsert must carry every column"
+    ):
+        table.write(pa.table({"id": [1], "name": ["x"]}))
+    assert table.lookup([1]).to_pylist() == [{"id": 1, "name": "a", "price": 1.0}]
 
 
 def test_delete_needs_only_the_key_and_missing_keys_are_noops(make_table):
@@ -100,3 +110,54 @@ def test_shard_ordered_writes_keep_the_last_change_per_key_and_refuse_other_shar
         table.write_shard_ordered(
             table.shard_ids[0], ordered.slice(0, 1).set_column(0, "id", pa.array([theirs], pa.int64()))
         )
+
+
+@pytest.mark.parametrize(
+    "make_batch, message",
+    [
+        (
+            lambda pd: pd.DataFrame({"id": [1, "abc"], "name": ["a", "b"], "price": [1.0, 2.0]}),
+            "id='abc' is not a valid int64",
+        ),
+        (
+            lambda pd: pd.DataFrame({"id": [1, 2**70], "name": ["a", "b"], "price": [1.0, 2.0]}),
+            "row 1: id='1180591620717411303424' is not a valid int64",
+        ),
+        (lambda pd: pa.table({**GOOD, "_op": [["upsert"], ["delete"]]}), "is not a valid string"),
+        (lambda pd: pa.table({**GOOD, "_op": [{"x": 1}, {"x": 2}]}), "is not a valid string"),
+        (lambda pd: pa.table({"id": [True, False], "name": ["a", "b"], "price": [1.0, 2.0]}), "id=True is a boolean"),
+    ],
+)
+def test_values_arrow_cannot_convert_are_invalid_changes_not_raw_errors(make_table, make_batch, message):
+    pd = pytest.importorskip("pandas")
+    table = make_table()
+    with pytest.raises(InvalidChangesError, match="nothing was written") as raised:
+        table.write(make_batch(pd))
+    assert message in str(raised.value)
+    assert _nothing_written(table)
+
+
+@pytest.mark.parametrize(
+    "batch, problem",
+    [
+        (
+            pa.table([[1], ["a"], ["b"], [1.0]], names=["id", "name", "name", "price"]),
+            "duplicate column names ['name']",
+        ),
+        (pa.table({**GOOD, "colour": ["red", "blue"]}), "unknown columns ['colour']"),
+        (pa.table({"name": ["a"]}), "primary-key columns ['id'] are missing"),
+    ],
+)
+def test_batch_level_problems_are_invalid_changes_with_the_problem(make_table, batch, problem):
+    table = make_table()
+    with pytest.raises(InvalidChangesError) as raised:
+        table.write(batch)
+    assert raised.value.problem is not None and problem in raised.value.problem
+    assert _nothing_written(table)
+
+
+def test_nan_stays_nan(make_table):
+    table = make_table()
+    table.write(pa.table({"id": [1], "name": ["nan"], "price": [float("nan")]}))
+    row = table.read().to_pylist()[0]
+    assert row["name"] == "nan" and row["price"] != row["price"]
