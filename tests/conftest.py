@@ -1,4 +1,4 @@
-"""Shared fixtures: real Lance tables on local disk."""
+"""Shared fixtures: real Lance tables on local disk, a Spark session, and a real S3-compatible server (moto_server)."""
 
 from __future__ import annotations
 
