@@ -231,10 +231,10 @@ def _read_csv(path: str, null_markers: NullMarkers) -> LandingRows:
             quoted_strings_can_be_null=False,
         ),
     )
-    blank = _blank_lines(path)
-    # Physical line n (1-based; the header is line 1) is file row n - 2.
+    filled, blank = _csv_lines(path)
+    # pyarrow numbers the lines it parses (1-based, the header first), not the empty ones it skips.
     rejections = [
-        LineRejection(n - 2, f"line has {_field_count(text)} fields, the header {len(header)}", text)
+        LineRejection(int(filled[n - 1]), f"line has {_field_count(text)} fields, the header {len(header)}", text)
         for n, text in bad_lines
     ]
     table, utf8_rejections = _decode_utf8(table)
@@ -249,10 +249,12 @@ def _field_count(text: str) -> int:
     return len(next(csv.reader([text]), []))
 
 
-def _blank_lines(path: str) -> set[int]:
-    """File rows (0-based, after the header) of the blank lines of a CSV file, which pyarrow skips."""
+def _csv_lines(path: str) -> tuple[np.ndarray, set[int]]:
+    """File rows (0-based after the header; the header is -1) of a CSV file's non-empty lines, and of its empty ones."""
     with open(path, "rb") as f:
-        return {n - 1 for n, line in enumerate(f) if n and not line.strip()}
+        empty = np.array([not line.rstrip(b"\r\n") for line in f], dtype=bool)
+    rows = np.arange(len(empty), dtype=np.int64) - 1
+    return rows[~empty], set(rows[empty].tolist())
 
 
 def _csv_row_numbers(rows: int, rejected: set[int], blank: set[int]) -> np.ndarray:
