@@ -179,7 +179,7 @@ def test_daemon_keeps_the_table_maintained_under_continuous_ingestion(soak: Soak
     stopped = time.monotonic()
     events = soak.dagster.events(ingest_run)
     with DagsterInstance.from_config(str(soak.home)) as instance:
-        _wait_until(lambda: not _unfinished(instance), "maintenance runs to finish", 120)
+        _wait_until(lambda: not _unfinished(instance), "maintenance runs to finish", 300)
         drained = time.monotonic()
         gc_status = soak.dagster.status(gc_run)
         runs = _run_report(instance)
