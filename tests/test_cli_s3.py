@@ -25,6 +25,7 @@ def test_ingest_flush_merge_gc_quality_jobs_on_s3_equal_the_oracle(s3_root, tmp_
         **os.environ,
         "LSM_TABLE_URI": f"{s3_root}/table.lance",
         "LSM_LANDING_DIR": landing,
+        "LSM_CREATE_TABLE": "true",  # a new table at a non-default URI must be asked for
         "LSM_NUM_SHARDS": "2",
         "DAGSTER_HOME": str(tmp_path / "dagster_home"),
     }

@@ -26,7 +26,7 @@ from .format.compaction_marker import read_compacted_generations
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .format.shard_state import ShardState, load_shard_state
-from .format.storage import TableStorage
+from .format.storage import StorageOptions, TableStorage
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
@@ -200,7 +200,7 @@ class LsmTable:
         vector_search.validate_search_indexes(keyed, vector_index, fts_column)
 
         uri = _absolute(uri)
-        _refuse_foreign_folder(uri)
+        _refuse_foreign_folder(uri, storage_options)
         dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
         if len(primary_key) == 1:
             dataset.create_scalar_index(primary_key[0], "BTREE")
@@ -700,9 +700,9 @@ def _absolute(uri: str) -> str:
     return uri if "://" in uri else os.path.abspath(uri)
 
 
-def _refuse_foreign_folder(uri: str) -> None:
+def _refuse_foreign_folder(uri: str, storage_options: StorageOptions | None) -> None:
     """Raise ``FileExistsError`` if ``uri`` is a non-empty folder without a Lance table."""
-    storage = TableStorage(uri)
+    storage = TableStorage(uri, storage_options)
     names = sorted(e.name for e in storage.list_dir(""))
     if names and "_versions" not in names:
         shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")

@@ -137,18 +137,27 @@ def unsupported_landing_entries(landing_dir: str, storage_options: StorageOption
     """Entries of ``landing_dir`` ingestion will not take, each with why (``.``/``_`` names are not listed)."""
     fs, root = filesystem(landing_dir, storage_options)
     entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
-    unsupported: dict[str, str] = {}
-    for entry in sorted(entries, key=lambda e: e.base_name):
+    unsupported = dict.fromkeys(_dangling_links(landing_dir), "dangling symbolic link")
+    for entry in entries:
         name = entry.base_name
         if name[:1] in "._":
             continue
-        if entry.type == pafs.FileType.NotFound:  # a local symbolic link to nothing
-            unsupported[name] = "dangling symbolic link"
-        elif entry.type != pafs.FileType.File:
+        if entry.type != pafs.FileType.File:
             unsupported[name] = "not a regular file"
         elif os.path.splitext(name)[1].lower() not in FORMATS:
             unsupported[name] = f"unsupported file type; landing files end in one of {sorted(FORMATS)}"
-    return unsupported
+    return dict(sorted(unsupported.items()))
+
+
+def _dangling_links(landing_dir: str) -> list[str]:
+    """Symbolic links to nothing in a local landing directory (``pyarrow.fs`` does not list them)."""
+    if "://" in landing_dir or not os.path.isdir(landing_dir):
+        return []
+    return [
+        entry.name
+        for entry in os.scandir(landing_dir)
+        if entry.name[:1] not in "._" and entry.is_symlink() and not os.path.exists(entry.path)
+    ]
 
 
 def landing_dir_exists(landing_dir: str, storage_options: StorageOptions | None = None) -> bool:

@@ -89,10 +89,11 @@ def test_landing_files_ledger_and_retention_on_s3(configured):
     files = list_landing_files(landing, options)
     assert [(f.name, f.order) for f in files] == [("a.jsonl", 0), ("b.csv", 1), ("c.parquet", 2)]
     assert all(f.path == f"{landing}/{f.name}" for f in files)
-    jsonl, rejections = read_landing_file(files[0].path, options)
-    assert jsonl["customer"].to_pylist() == ["ada", None] and [r.row for r in rejections] == [1]
-    assert read_landing_file(files[1].path, options)[0].to_pylist() == [{"id": "2", "customer": "bob"}]
-    assert read_landing_file(files[2].path, options)[0]["id"].to_pylist() == [3]
+    jsonl = read_landing_file(files[0].path, storage_options=options)
+    assert jsonl.table["customer"].to_pylist() == ["ada"] and [r.row for r in jsonl.rejections] == [1]
+    csv = read_landing_file(files[1].path, storage_options=options)
+    assert csv.table.to_pylist() == [{"id": "2", "customer": "bob"}]
+    assert read_landing_file(files[2].path, storage_options=options).table["id"].to_pylist() == [3]
 
     ledger = IngestLedger(uri, options)
     ledger.record(new_ledger_entry(files[0], 2, 1, "run"))
