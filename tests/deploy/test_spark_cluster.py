@@ -43,6 +43,7 @@ def ingested(cluster, tmp_path_factory) -> tuple[dict[str, str], dict]:
         **os.environ,
         "SPARK_MASTER": cluster.master_url,
         "LSM_TABLE_URI": str(tmp / "table.lance"),
+        "LSM_CREATE_TABLE": "true",  # a new table at a non-default URI must be asked for
         "LSM_LANDING_DIR": str(tmp / "landing"),
         "DAGSTER_HOME": str(tmp / "dagster_home"),
     }
