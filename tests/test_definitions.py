@@ -40,7 +40,7 @@ HEAVY_MODULES = ("great_expectations", "pyspark", "lance", "pyarrow", "pandas", 
 def test_loading_the_definitions_imports_nothing_heavy():
     """Every run, sensor tick and code-server start imports the definitions: the
     libraries a step uses are imported by that step (``import definitions``
-    measured 1.3 s and 70 MB this way, against 7-12 s and 360 MB before)."""
+    measured 0.7-2.0 s and 66 MB this way, against 4-10 s and 348 MB before)."""
     script = (
         "import sys, definitions; definitions.defs.get_repository_def(); "
         f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))"
