@@ -269,3 +269,16 @@ def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
     output = run_cli_job("quality_job", env)
     assert output.count("ASSET_CHECK_EVALUATION") == len(all_checks)
     assert "RUN_SUCCESS" in output and (tmp_path / "table.lance").exists()
+
+
+def test_the_drill_checks_defaults_are_the_drills_own():
+    """The check's config repeats DrillConfig's defaults (importing it would load Lance with the definitions)."""
+    from lsm_assets.checks import DrillCheckConfig
+    from resources.lsm.quality.recovery_drill import DrillConfig
+
+    config = DrillCheckConfig()
+    assert (config.batches, config.batch_size, config.batches_per_generation) == (
+        DrillConfig.batches,
+        DrillConfig.batch_size,
+        DrillConfig.batches_per_generation,
+    )
