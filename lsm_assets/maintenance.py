@@ -214,7 +214,7 @@ def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: G
         "bytes_reclaimed": result.bytes_reclaimed,
         "elapsed_s": round(result.elapsed_seconds, 3),
     }
-    for kind in ("compacted_generations", "wal_entries", "orphan_directories", "base_versions"):
+    for kind in ("compacted_generations", "wal_entries", "orphan_directories", "base_versions", "pending_runs"):
         reclaimed = getattr(result, kind)
         metadata[f"{kind}_deleted"] = reclaimed.count
         metadata[f"{kind}_bytes"] = reclaimed.bytes
@@ -227,7 +227,7 @@ def garbage_collected(
     context: AssetExecutionContext, config: GcConfig, lsm_table: LsmTableResource
 ) -> MaterializeResult:
     """Storage reclaimed: merged generations no retained base version needs, consumed WAL
-    entries, orphan generation directories past their grace period, old base versions."""
+    entries, orphan generation directories past their grace period, old base versions, retired pending runs."""
     return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))
 
 

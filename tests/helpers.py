@@ -13,6 +13,7 @@ import pyarrow.ipc as ipc
 from resources.lsm import LsmTable
 from resources.lsm.format.shard_manifest import list_wal_entries, position_name, shard_dir
 from resources.lsm.format.wal import read_wal_entry
+from resources.lsm.read.pending_run import RUNS_DIR
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -46,6 +47,11 @@ def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
         )
     )
     table.close()
+
+
+def drop_pending_runs(table: LsmTable) -> None:
+    """Delete the table's stored pending runs: reads then take the path without them."""
+    table.storage.delete_dir(RUNS_DIR)
 
 
 def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int = 0) -> None:

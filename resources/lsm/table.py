@@ -32,7 +32,9 @@ from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import merged_read, vector_search
+from .read.deletion_vector import fragment_ids
 from .read.filter_text import checked_filter
+from .read.pending_run import PendingRuns, build_run, store_run
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
 from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
@@ -143,6 +145,7 @@ class LsmTable:
         # takes half the time of one through a cold one.
         self._session = lance.Session()
         self._pending_cache = merged_read.PendingGenerations()
+        self._runs = PendingRuns(self.storage)
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
         self._generation_filters = GenerationFilters(
@@ -370,7 +373,8 @@ class LsmTable:
         A shard this object writes to has its writer closed (flushing its
         MemTable). Any other shard with WAL entries after its replay position
         (a crashed writer, an idle shard) is claimed with a new writer, which
-        replays the WAL, and closed again.
+        replays the WAL, and closed again. Flushed shards get their pending
+        runs (:meth:`build_pending_runs`).
         """
         targets = self._shard_list(shard)
         states = {s.shard_id: s for s in self.shards()}
@@ -382,13 +386,16 @@ class LsmTable:
                 writer.close()
             return shard_id
 
-        return list(self._for_each_shard(flush_shard, to_flush))
+        flushed = list(self._for_each_shard(flush_shard, to_flush))
+        self.build_pending_runs(flushed)
+        return flushed
 
     def close(self) -> list[str]:
         """Close every open writer, flushing its MemTable to a new generation.
 
         Writers fenced by another process cannot flush; their acknowledged rows
-        are in the WAL, which the new owner replays. Returns those shards.
+        are in the WAL, which the new owner replays. Returns those shards. The
+        other shards get their pending runs (:meth:`build_pending_runs`).
         """
         writers, self._writers = self._writers, {}
 
@@ -401,9 +408,9 @@ class LsmTable:
                 return True
 
         # In parallel: a close is mostly waiting on storage.
-        return [
-            shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced
-        ]
+        fenced = dict(zip(writers, self._for_each_shard(close, writers), strict=True))
+        self.build_pending_runs([shard_id for shard_id, lost in fenced.items() if not lost])
+        return [shard_id for shard_id, lost in fenced.items() if lost]
 
     def __enter__(self) -> LsmTable:
         return self
@@ -430,9 +437,45 @@ class LsmTable:
         twice. Afterwards the base's files and indexes are tidied per
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
-        return compaction.compact(
-            self, self._shard_list(shard), max_rows_per_pass=max_rows_per_pass, maintenance=maintenance
-        )
+        shard_ids = self._shard_list(shard)
+        result = compaction.compact(self, shard_ids, max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
+        self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
+        return result
+
+    def build_pending_runs(self, shard: str | Sequence[str] | None = None) -> dict[str, int]:
+        """Resolve each shard's pending generations into a stored run with its deletion vector.
+
+        A reader then reads one file per shard instead of every pending
+        generation, and drops the base rows they supersede by position instead
+        of joining keys (:mod:`resources.lsm.read.pending_run`). Runs are only
+        a shortcut: without one, reads are as correct and slower. Flush, close
+        and compact call this; it is idempotent and cheap when nothing changed.
+
+        Returns
+        -------
+        dict
+            Changes stored per shard whose run was (re)built: one covering new
+            generations, or whose deletion vector a base rewrite made stale.
+        """
+        shard_ids = self._shard_list(shard)
+        if not shard_ids:
+            return {}
+        dataset = self.dataset()
+        present = fragment_ids(dataset)
+        built = {}
+        for state in self.shard_states(dataset, shard_ids):
+            if not state.pending_generations:
+                continue
+            previous = self._runs.find(state, quiet=True)
+            if previous is not None and previous.generations == state.pending_generations:
+                if previous.superseded.holds_in(present):
+                    continue
+                self._runs.forget(previous)
+            run = build_run(dataset, state, self.primary_key, previous, self._session)
+            store_run(self.storage, run)
+            self._runs.remember(run)
+            built[state.shard_id] = run.changes.num_rows
+        return built
 
     def gc(
         self,
@@ -601,6 +644,7 @@ class LsmTable:
             self.storage_options,
             self._session,
             self._pending_cache,
+            self._runs,
         )
 
     def _shard_list(self, shard: str | Sequence[str] | None) -> list[str]:

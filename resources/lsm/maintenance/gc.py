@@ -1,6 +1,6 @@
 """Garbage collection: what flushing and merging leave behind.
 
-Four kinds of garbage, each with the rule that makes deleting it safe. Base
+Five kinds of garbage, each with the rule that makes deleting it safe. Base
 versions go first, so the generation rule sees exactly what is retained.
 
 Old base versions
@@ -45,6 +45,14 @@ Orphan generation directories
     (``_lsm_ingest/staging/``) count here too: an ingestion deletes its own
     when it ends, so one older than the grace was left by a crash.
 
+Pending runs (``_lsm_runs/<shard>/``)
+    A run covering generations ``f`` and later is used only above a base
+    version whose marker is ``f - 1``. Once ``f`` is at or below the bound of
+    rule 1, no reader can use it, and it is deleted. A run shorter than
+    another stored run from the same ``f`` serves only readers that listed
+    fewer generations: it goes once older than ``orphan_grace_seconds``, as
+    do temporary files of interrupted writes.
+
 Deletions go through ``pyarrow.fs`` (the table's :class:`TableStorage`), so
 the same code runs against object stores. A crash midway leaves only
 garbage that the next run collects.
@@ -72,6 +80,7 @@ from ..format.shard_manifest import (
 )
 from ..format.storage import TableStorage
 from ..ingest.landing import STAGING_DIR
+from ..read.pending_run import RUNS_DIR, covered_generations
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
 
 if TYPE_CHECKING:
@@ -106,13 +115,13 @@ class GcResult:
     wal_entries: Reclaimed
     orphan_directories: Reclaimed
     base_versions: Reclaimed
+    pending_runs: Reclaimed
     elapsed_seconds: float
 
     @property
     def bytes_reclaimed(self) -> int:
-        return sum(
-            r.bytes for r in (self.compacted_generations, self.wal_entries, self.orphan_directories, self.base_versions)
-        )
+        kinds = (self.compacted_generations, self.wal_entries, self.orphan_directories, self.base_versions)
+        return sum(r.bytes for r in (*kinds, self.pending_runs))
 
 
 def collect_garbage(
@@ -134,7 +143,7 @@ def collect_garbage(
     versions = _cleanup_base_versions(table.dataset(), older_than, retain_versions)
     bounds = _collectable_generations(storage, table.dataset(), table.shard_ids)
     now_ns = time.time_ns()
-    generations = wal = orphans = Reclaimed()
+    generations = wal = orphans = runs = Reclaimed()
     for shard_id in table.shard_ids:
         # Manifest before listing: a generation published in between looks
         # like a young orphan, which the grace keeps.
@@ -144,8 +153,9 @@ def collect_garbage(
         generations += _delete_compacted_generations(storage, shard_id, listed, present, bounds[shard_id])
         orphans += _delete_orphans(storage, shard_id, listed, present, now_ns - int(orphan_grace_seconds * 1e9))
         wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_grace_seconds * 1e9))
+        runs += _delete_retired_runs(storage, shard_id, bounds[shard_id], now_ns - int(orphan_grace_seconds * 1e9))
     orphans += _delete_stale_staging(storage, now_ns - int(orphan_grace_seconds * 1e9))
-    return GcResult(generations, wal, orphans, versions, time.monotonic() - started)
+    return GcResult(generations, wal, orphans, versions, runs, time.monotonic() - started)
 
 
 def _cleanup_base_versions(
@@ -247,6 +257,23 @@ def _delete_orphans(
     listed_dirs = {d for _, d in listed}
     unlisted = [f"{shard_dir(shard_id)}/{d}" for _, d in present if d not in listed_dirs]
     return _delete_dirs_written_before(storage, unlisted, written_before_ns)
+
+
+def _delete_retired_runs(storage: TableStorage, shard_id: str, bound: int, written_before_ns: int) -> Reclaimed:
+    """Delete the shard's pending runs no reader can use any more (rules in the module docstring)."""
+    files = storage.list_files(f"{RUNS_DIR}/{shard_id}")
+    longest: dict[int, int] = {}
+    for f in files:
+        if (span := covered_generations(f.name)) is not None:
+            longest[span[0]] = max(longest.get(span[0], 0), span[1])
+    reclaimed = Reclaimed()
+    for f in files:
+        span = covered_generations(f.name)
+        settled = f.mtime_ns is not None and f.mtime_ns <= written_before_ns
+        if (span is not None and span[0] <= bound) or (settled and (span is None or span[1] < longest[span[0]])):
+            storage.delete_file(f"{RUNS_DIR}/{shard_id}/{f.name}")
+            reclaimed += Reclaimed(1, f.size)
+    return reclaimed
 
 
 def _delete_stale_staging(storage: TableStorage, written_before_ns: int) -> Reclaimed:

@@ -7,6 +7,12 @@ turns both into what a caller means.
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
 
 def checked_filter(filter: str | None) -> str | None:
     """``filter`` ready for Lance: ``None`` for no filter (``None``, empty or whitespace).
@@ -31,3 +37,34 @@ def checked_filter(filter: str | None) -> str | None:
                 "and Lance would ignore everything after the ';'"
             )
     return filter.strip()
+
+
+_I64_MIN = -(2**63)
+
+
+def sql_literal(value: int | str) -> str:
+    """``value`` as a Lance SQL literal (strings quoted, quotes doubled)."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    # The parser reads "-9223372036854775808" as minus an out-of-range integer.
+    return f"({_I64_MIN + 1} - 1)" if value == _I64_MIN else str(value)
+
+
+def in_list(column: str, values: list[int | str]) -> str:
+    """``column IN (values)`` in Lance SQL: served by a BTREE index on ``column``, any integer width."""
+    return f"`{column}` IN ({', '.join(sql_literal(v) for v in values)})"
+
+
+def keys_filter(keys: pa.Table, key: list[str]) -> str | pc.Expression:
+    """A Lance filter matching every row whose key is in ``keys``: exact for one column, a superset for more.
+
+    Integer and string keys become SQL ``IN`` lists (Lance's Arrow-expression
+    conversion refuses unsigned-integer literals); other types an Arrow ``isin``.
+    """
+    values = {k: pc.unique(keys.column(k)) for k in key}
+    if all(
+        pa.types.is_integer(v.type) or pa.types.is_string(v.type) or pa.types.is_large_string(v.type)
+        for v in values.values()
+    ):
+        return " AND ".join(in_list(k, v.to_pylist()) for k, v in values.items())
+    return reduce(operator.and_, [pc.field(k).isin(v) for k, v in values.items()])

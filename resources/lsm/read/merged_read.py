@@ -4,18 +4,22 @@ Levels, oldest to newest::
 
     base table  <  generations above each shard's compacted marker  <  WAL tail
 
-A full scan (:func:`scan`) streams the base batches while it resolves the
-pending levels (small: compaction and backpressure keep them so) to the
-newest change per key; each base batch then loses the rows whose key has a
-pending change, on the reader threads, as it arrives, and the pending
-upserts are added. Resolved generations are kept between reads
-(:class:`PendingGenerations`): they never change once flushed. Lance's
-``LsmScanner`` would do the same in one plan, but with pylance 14.0.2 it
-costs a pass over the whole base per pending generation (500k base rows, 4
-generations per shard: 5.3 s against ~0.04 s here; ``benchmarks/maintenance.py``).
+Each shard's pending generations are usually resolved already: a stored
+*pending run* (:mod:`resources.lsm.read.pending_run`) holds the newest change
+per key over them and a deletion vector of the base rows those keys
+supersede. A full scan (:func:`scan`) streams the base batches while it pins
+the levels; each base batch then loses the rows the vectors list, by
+position, on the reader threads, and the pending upserts are added. Keys no
+trusted vector covers (generations newer than a run, a stale or missing run,
+the WAL tail) are dropped from the base by key instead. Generations read
+directly are kept between reads (:class:`PendingGenerations`): they never
+change once flushed. Lance's ``LsmScanner`` would do the same in one plan, but
+with pylance 14.0.2 it costs a pass over the whole base per pending generation.
 
-A point lookup (:func:`lookup`) uses ``LsmPointLookupPlanner`` per key over
-its shard's generations that may hold the key, then overlays the WAL tail.
+A point lookup (:func:`lookup`) answers each key from the newest level that
+holds it: the WAL tail, generations newer than the shard's run (only those
+whose bloom filter may hold the key), the run, and finally the base, all
+remaining keys in one indexed query.
 
 The base is trusted to hold each key once (only merge-into-base writes it):
 a base broken from outside shows its duplicates in the merged view, where
@@ -24,7 +28,6 @@ the primary-key checks catch them.
 
 from __future__ import annotations
 
-import operator
 import os
 import queue
 import tempfile
@@ -34,17 +37,19 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import reduce
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
+from lance.mem_wal import ShardSnapshot
 
-from ..format.schema import TOMBSTONE_COLUMN, live_rows, without_internal_columns
+from ..format.schema import TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
+from .deletion_vector import ROW_ADDRESS, DeletionVector, fragment_ids
+from .filter_text import keys_filter
 from .generations import newest_per_key, open_generation, read_generations
+from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
@@ -74,6 +79,8 @@ class ReadSnapshot:
     """Lance session to open generations through (their metadata is cached there)."""
     pending_cache: PendingGenerations | None = None
     """Where resolved pending generations are kept between reads (``None``: read them every time)."""
+    runs: PendingRuns | None = None
+    """Where the shards' stored pending runs are found (``None``: read every pending generation)."""
 
     def shard_snapshots(self) -> list[ShardSnapshot]:
         """Lance snapshots listing only generations above each compacted marker.
@@ -117,15 +124,15 @@ def scan(
     try:
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
-        newer = pending_changes(snapshot, dataset.schema.names if filter else wanted)
+        levels = resolve_levels(snapshot, dataset.schema.names if filter else wanted)
     except BaseException:
         base.close()
         raise
-    live = live_rows(newer)
+    live = live_rows(levels.changes)
     if filter:
         live = _filter_sql(live, filter)
     schema = pa.schema([dataset.schema.field(c) for c in columns])
-    older = base.without(_KeyFilter(newer.select(key).combine_chunks(), key))
+    older = base.without(_BaseFilter(levels.superseded, _KeyFilter(levels.joined_keys, key)))
     weakref.finalize(older, base.close)  # a reader dropped unread stops the scan too
     newest = live.select(columns).cast(schema).to_batches()
     return pa.RecordBatchReader.from_batches(schema, _chain((b.select(columns) for b in older), newest))
@@ -156,7 +163,10 @@ class _BaseBatches:
 
     def _pump(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
         try:
-            for batch in dataset.to_batches(columns=columns, filter=filter, batch_size=_BASE_BATCH_ROWS):
+            batches = dataset.to_batches(
+                columns=columns, filter=filter, batch_size=_BASE_BATCH_ROWS, with_row_address=True
+            )
+            for batch in batches:
                 if not self._put(batch):
                     return
             self._put(self._END)
@@ -177,8 +187,8 @@ class _BaseBatches:
         """Stop the scan (the pump thread returns at its next batch)."""
         self._closed.set()
 
-    def without(self, keys: _KeyFilter) -> Iterator[pa.RecordBatch]:
-        """Every base row whose key is not in ``keys``, in scan order.
+    def without(self, superseded: _BaseFilter) -> Iterator[pa.RecordBatch]:
+        """Every base row ``superseded`` keeps, in scan order, without the row address.
 
         Batches are filtered on the reader threads while the scan goes on
         (numpy and Arrow kernels release the GIL), ``_IN_FLIGHT`` at a time.
@@ -188,13 +198,26 @@ class _BaseBatches:
             while (item := self._batches.get()) is not self._END:
                 if isinstance(item, BaseException):
                     raise item
-                pending.append(_readers().submit(keys.drop_from, item))
+                pending.append(_readers().submit(superseded.drop_from, item))
                 if len(pending) >= self._IN_FLIGHT:
                     yield from pending.popleft().result().to_batches()
             while pending:
                 yield from pending.popleft().result().to_batches()
         finally:
             self.close()
+
+
+class _BaseFilter:
+    """Drops superseded rows from base batches: by position (deletion vectors), then by key."""
+
+    def __init__(self, vector: DeletionVector, keys: _KeyFilter) -> None:
+        self._vector, self._keys = vector, keys
+
+    def drop_from(self, batch: pa.RecordBatch) -> pa.Table:
+        """``batch``'s surviving rows, in order, without ``_rowaddr``."""
+        keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
+        batch = batch.drop_columns([ROW_ADDRESS])
+        return self._keys.drop_from(batch if keep.all() else batch.filter(pa.array(keep)))
 
 
 class _KeyFilter:
@@ -234,19 +257,62 @@ class _KeyFilter:
         return pa.Table.from_batches([batch.filter(pa.array(~found))])
 
 
-def pending_changes(snapshot: ReadSnapshot, columns: list[str]) -> pa.Table:
-    """The newest pending change of every key above the base, with ``_tombstone``.
+@dataclass(frozen=True)
+class PendingLevels:
+    """The levels above the base, resolved for one read."""
 
-    Levels are the pending generations of each shard (ascending) and then the
-    WAL tail; ``columns`` must include the primary key.
+    changes: pa.Table
+    """The newest pending change of every key, with ``_tombstone``."""
+    superseded: DeletionVector
+    """Base rows superseded by ``changes``, by position (trusted deletion vectors)."""
+    joined_keys: pa.Table
+    """Keys of ``changes`` no trusted vector covers: their base rows are dropped by key."""
+
+
+def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
+    """Resolve the snapshot's pending generations and WAL tail; ``columns`` must include the key.
+
+    Each shard contributes its stored run (if one covers a prefix of its
+    pending generations) and the generations after it; the WAL tail comes
+    last. A run's vector is trusted while the pinned base still holds every
+    fragment it points into.
     """
-    shape = snapshot.tail.schema
-    shape = pa.schema([shape.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
+    key = list(snapshot.primary_key)
+    shape = pa.schema([snapshot.tail.schema.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
+    runs = [run for shard in snapshot.shards if (run := _usable_run(snapshot, shard, columns)) is not None]
+    covered = {run.shard_id: len(run.generations) for run in runs}
+    direct = tuple(
+        (s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations[covered.get(s.shard_id, 0) :]
+    )
     cache = snapshot.pending_cache or PendingGenerations(capacity=0)
-    generations = cache.resolved(snapshot, shape)
-    if not snapshot.tail.num_rows:
-        return generations
-    return newest_per_key([generations, snapshot.tail.select(shape.names)], shape, snapshot.primary_key)
+    newer = cache.resolved(snapshot, direct, shape)
+    if snapshot.tail.num_rows:
+        newer = newest_per_key([newer, snapshot.tail.select(shape.names)], shape, key)
+    trusted, untrusted = _split_by_trust(snapshot, runs)
+    from_runs = pa.concat_tables([shape.empty_table()] + [run.changes.select(shape.names).cast(shape) for run in runs])
+    changes = pa.concat_tables([key_join(from_runs, newer, key, "left anti"), newer])
+    joined = pa.concat_tables([newer.select(key)] + [run.changes.select(key) for run in untrusted])
+    return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
+
+
+def _usable_run(snapshot: ReadSnapshot, shard: ShardState, columns: list[str]) -> PendingRun | None:
+    """The shard's stored run, if there is one with every column the read needs."""
+    if snapshot.runs is None or not shard.pending_generations:
+        return None
+    run = snapshot.runs.find(shard)
+    return run if run is not None and set(columns) <= set(run.changes.column_names) else None
+
+
+def _split_by_trust(snapshot: ReadSnapshot, runs: list[PendingRun]) -> tuple[list[PendingRun], list[PendingRun]]:
+    """``runs`` whose deletion vector holds in the pinned base, and the others (forgotten by the cache)."""
+    if not runs:
+        return [], []
+    present = fragment_ids(snapshot.dataset)
+    trusted = [run for run in runs if run.superseded.holds_in(present)]
+    for run in runs:
+        if run not in trusted and snapshot.runs is not None:
+            snapshot.runs.forget(run)
+    return trusted, [run for run in runs if run not in trusted]
 
 
 # A PendingGenerations entry: the (shard id, directory) generations and the (name, type) columns of the shape.
@@ -270,9 +336,10 @@ class PendingGenerations:
         self._entries: OrderedDict[_PendingKey, pa.Table] = OrderedDict()
         self._lock = threading.Lock()
 
-    def resolved(self, snapshot: ReadSnapshot, shape: pa.Schema) -> pa.Table:
-        """Newest change per key over the snapshot's pending generations, as ``shape`` (with ``_tombstone``)."""
-        generations = tuple((s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations)
+    def resolved(self, snapshot: ReadSnapshot, generations: tuple[tuple[str, str], ...], shape: pa.Schema) -> pa.Table:
+        """Newest change per key over ``(shard id, directory)`` generations of the snapshot, as ``shape``."""
+        if not generations:
+            return shape.empty_table()
         cache_key = (generations, tuple((f.name, str(f.type)) for f in shape))
         with self._lock:
             if (hit := self._entries.get(cache_key)) is not None:
@@ -323,58 +390,94 @@ def lookup(
     """The merged-view row of each key in ``keys`` (absent keys are skipped).
 
     ``buckets`` holds each key's bucket; ``snapshot`` must cover those shards.
-    A key's lookup plans over its own shard only, and only over the pending
-    generations that ``filters`` says may hold it. Single-column keys that no
-    pending generation may hold are read from the base in one indexed query
-    (Lance's BTREE on the key), the cost of Lance's own point lookup. With
-    ``storage_options`` the generations are searched here instead of by
-    Lance's planner, which (pylance 14.0.2) opens them without the table's
-    storage options.
+    Each key is answered by the newest level that holds it: the WAL tail,
+    then its shard's generations newer than the shard's run (only those that
+    ``filters`` says may hold it), the run, and the base, where all remaining
+    keys are read in one query (a single-column key through Lance's BTREE:
+    the cost of Lance's own point lookup).
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
+    shape = pa.schema([snapshot.tail.schema.field(c) for c in [*wanted, TOMBSTONE_COLUMN]])
+    in_tail = key_mask(keys, snapshot.tail, key)
+    answered = [key_join(snapshot.tail, keys, key, "left semi").select(shape.names)]
+    to_base = []
     shards = {s.bucket: s for s in snapshot.shards}
-    planners = _Planners(snapshot)
-    found, base_only = [], []
-    for i in np.flatnonzero(~key_mask(keys, snapshot.tail, key)):
-        one_key = keys.slice(int(i), 1)
-        shard = shards[int(buckets[i])]
-        generations = filters.candidates(shard, [one_key[k][0].as_py() for k in key])
-        if not generations and len(key) == 1:
-            base_only.append(int(i))
-            continue
-        if snapshot.storage_options:
-            found.append(_lookup_without_planner(snapshot, shard.shard_id, generations, one_key, wanted))
-        else:
-            plan = planners.get(shard, generations).plan_lookup(_lookup_value(one_key), wanted)
-            found.append(without_internal_columns(plan.to_table()))
-    if base_only:
-        values = keys.column(key[0]).take(base_only)
-        found.append(snapshot.dataset.to_table(columns=wanted, filter=pc.field(key[0]).isin(values)))
-    live_tail = live_rows(key_join(snapshot.tail, keys, key, "left semi"))
-    parts = [t.select(wanted) for t in found if t.num_rows] + [live_tail.select(wanted)]
-    schema = pa.schema([snapshot.dataset.schema.field(c) for c in wanted])
-    return pa.concat_tables([p.cast(schema) for p in parts]).select(columns)
+    for bucket in np.unique(buckets[~in_tail]):
+        shard = shards[int(bucket)]
+        todo = keys.filter(pa.array((buckets == bucket) & ~in_tail))
+        run = _usable_run(snapshot, shard, wanted)
+        for level in _levels_above_base(snapshot, shard, run, todo, shape, filters):
+            found = key_join(level, todo, key, "left semi")
+            answered.append(found)
+            todo = key_join(todo, found, key, "left anti")
+        to_base.append(todo)
+    newest = live_rows(pa.concat_tables([t.cast(shape) for t in answered]))
+    base = _base_rows(snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
+    found = pa.concat_tables([base.cast(newest.schema), newest])
+    return _in_key_order(found, keys, key).select(columns)
 
 
-class _Planners:
-    """Point-lookup planners, each over one shard and a subset of its pending generations.
+def _in_key_order(rows: pa.Table, keys: pa.Table, key: list[str]) -> pa.Table:
+    """``rows`` (one per key, each key in ``keys``) in the order of ``keys``."""
+    numbered = keys.select(key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    joined = rows.select(key).append_column(_ROW + "_found", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    positions = joined.join(numbered, keys=key, join_type="inner", use_threads=False)
+    order = positions.column(_ROW + "_found").take(pc.sort_indices(positions.column(_ROW)))
+    return rows.take(order)
 
-    A key lives in exactly one shard, and a planner opens every generation it
-    is given on every lookup: the fewer it holds, the faster it answers.
+
+def _levels_above_base(
+    snapshot: ReadSnapshot,
+    shard: ShardState,
+    run: PendingRun | None,
+    keys: pa.Table,
+    shape: pa.Schema,
+    filters: GenerationFilters,
+) -> Iterator[pa.Table]:
+    """The shard's pending changes that may answer ``keys``, newest level first (as ``shape``)."""
+    newer = run.extra_generations(shard) if run else shard.pending_generations
+    yield _newest_in_generations(snapshot, shard.shard_id, newer, keys, shape, filters)
+    if run is not None:
+        yield run.changes.select(shape.names).cast(shape)
+
+
+def _newest_in_generations(
+    snapshot: ReadSnapshot,
+    shard_id: str,
+    generations: tuple[tuple[int, str], ...],
+    keys: pa.Table,
+    shape: pa.Schema,
+    filters: GenerationFilters,
+) -> pa.Table:
+    """The newest change (with ``_tombstone``) of each of ``keys`` over ``generations`` of one shard.
+
+    Only generations whose bloom filter may hold one of the keys are opened,
+    each asked for those keys only.
     """
+    key = list(snapshot.primary_key)
+    if not generations or not keys.num_rows:
+        return shape.empty_table()
+    asked: dict[tuple[int, str], list[int]] = {}
+    for i, row in enumerate(zip(*(keys.column(k).to_pylist() for k in key), strict=True)):
+        for generation in filters.candidates(shard_id, generations, row):
+            asked.setdefault(generation, []).append(i)
+    levels = []
+    for generation in sorted(asked):
+        rows = open_generation(
+            snapshot.dataset.uri, shard_id, generation[1], snapshot.storage_options, snapshot.session
+        )
+        wanted_keys = keys.take(asked[generation])
+        found = rows.to_table(columns=shape.names, filter=keys_filter(wanted_keys, key), scan_in_order=True)
+        levels.append(key_join(found, wanted_keys, key, "left semi").cast(shape))
+    return newest_per_key(levels, shape, key)
 
-    def __init__(self, snapshot: ReadSnapshot) -> None:
-        self._snapshot = snapshot
-        self._planners: dict[tuple[str, tuple[tuple[int, str], ...]], LsmPointLookupPlanner] = {}
 
-    def get(self, shard: ShardState, generations: tuple[tuple[int, str], ...]) -> LsmPointLookupPlanner:
-        cache_key = (shard.shard_id, generations)
-        if cache_key not in self._planners:
-            self._planners[cache_key] = LsmPointLookupPlanner(
-                self._snapshot.dataset, [_shard_snapshot(shard, generations)], list(self._snapshot.primary_key)
-            )
-        return self._planners[cache_key]
+def _base_rows(dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str]) -> pa.Table:
+    """The base rows of ``keys``, projected to ``columns`` (which include the key)."""
+    if not keys.num_rows:
+        return pa.schema([dataset.schema.field(c) for c in columns]).empty_table()
+    return key_join(dataset.to_table(columns=columns, filter=keys_filter(keys, key)), keys, key, "left semi")
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
@@ -419,31 +522,3 @@ def _filter_sql(table: pa.Table, filter: str) -> pa.Table:
     """
     with tempfile.TemporaryDirectory(prefix="lsm-tail-") as tmp:
         return lance.write_dataset(table, tmp).to_table(filter=filter)
-
-
-def _lookup_without_planner(
-    snapshot: ReadSnapshot,
-    shard_id: str,
-    generations: tuple[tuple[int, str], ...],
-    one_key: pa.Table,
-    wanted: list[str],
-) -> pa.Table:
-    """``one_key``'s row from the newest of ``generations`` that holds it (none if deleted there), else the base.
-
-    Each generation holds at most one live row per key (a flush hides older
-    versions), so the newest generation with the key decides.
-    """
-    where = reduce(operator.and_, [pc.field(k) == one_key[k][0] for k in one_key.column_names])
-    for _, directory in reversed(generations):
-        generation = open_generation(snapshot.dataset.uri, shard_id, directory, snapshot.storage_options)
-        rows = generation.to_table(columns=[*wanted, TOMBSTONE_COLUMN], filter=where, scan_in_order=True)
-        if rows.num_rows:
-            return live_rows(rows.slice(rows.num_rows - 1))
-    return snapshot.dataset.to_table(columns=wanted, filter=where)
-
-
-def _lookup_value(one_key: pa.Table) -> pa.Array:
-    """The planner's key form: a 1-element array, or a 1-row struct for composite keys."""
-    if one_key.num_columns == 1:
-        return one_key.column(0).combine_chunks()
-    return pa.StructArray.from_arrays([c.combine_chunks() for c in one_key.columns], names=one_key.column_names)

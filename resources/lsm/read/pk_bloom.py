@@ -37,7 +37,6 @@ import numpy as np
 import pyarrow as pa
 
 from ..format.shard_manifest import shard_dir
-from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
 
 log = logging.getLogger(__name__)
@@ -105,12 +104,14 @@ class GenerationFilters:
         self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
         self._lock = threading.Lock()  # lookups may share a table object across threads
 
-    def candidates(self, shard: ShardState, key: Sequence[int | str]) -> tuple[tuple[int, str], ...]:
-        """The shard's pending generations that may hold ``key`` (all of them if unsure)."""
+    def candidates(
+        self, shard_id: str, generations: Sequence[tuple[int, str]], key: Sequence[int | str]
+    ) -> tuple[tuple[int, str], ...]:
+        """Those of ``shard_id``'s ``generations`` that may hold ``key`` (all of them if unsure)."""
         if not self._enabled:
-            return shard.pending_generations
+            return tuple(generations)
         key_hash = pk_hash(key, self._types)
-        return tuple(g for g in shard.pending_generations if self._may_hold(shard.shard_id, g[1], key_hash))
+        return tuple(g for g in generations if self._may_hold(shard_id, g[1], key_hash))
 
     def _may_hold(self, shard_id: str, directory: str, key_hash: int) -> bool:
         bloom = self._filter(shard_id, directory)

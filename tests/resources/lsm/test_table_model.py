@@ -1,14 +1,18 @@
 """Model-based test: random change sequences against a plain-Python oracle.
 
-Each step writes upserts / deletes (with out-of-order ``_seq``), closes or
-reopens the table, or flushes; after every step the merged view, the count and
-point lookups must equal the oracle. Single and composite keys.
+Each step writes upserts / deletes (with out-of-order ``_seq``), closes,
+reopens or crashes the table (writers dropped unflushed), flushes, merges,
+rewrites the base's files (stale deletion vectors) or collects garbage; after
+every step the merged view, the count and point lookups must equal the oracle,
+and every stored pending run must agree with a key join against the base.
+Single and composite keys.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from datetime import timedelta
 from typing import ClassVar
 
 import pyarrow as pa
@@ -16,6 +20,8 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from resources.lsm import LsmTable
+from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
+from resources.lsm.read.pending_run import PendingRuns
 from tests.helpers import rows_by_key
 
 STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -103,12 +109,46 @@ class LsmTableMachine(RuleBasedStateMachine):
         self.table.flush()
         assert all(s.unflushed_wal_entries == 0 for s in self.table.shards())
 
+    @rule()
+    def crash(self) -> None:
+        """Writers vanish unflushed, as in a SIGKILL: their rows live on in the WAL only."""
+        self.table.detach_writers()
+        self.table = LsmTable.open(self.table.uri)
+
+    @rule(max_rows_per_pass=st.sampled_from([3, 1000]))
+    def merge(self, max_rows_per_pass: int) -> None:
+        self.table.compact(max_rows_per_pass=max_rows_per_pass)
+
+    @rule()
+    def rewrite_base_files(self) -> None:
+        """``compact_files`` gives base rows new addresses: stored deletion vectors go stale."""
+        maintain_base(self.table.dataset(), MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30))
+
+    @rule()
+    def collect_garbage(self) -> None:
+        self.table.gc(orphan_grace_seconds=0, wal_grace_seconds=0, older_than=timedelta(0))
+
     @invariant()
     def merged_view_matches_oracle(self) -> None:
         if not hasattr(self, "table"):
             return
         assert rows_by_key(self.table.read(), self.primary_key) == self.oracle
         assert self.table.count() == len(self.oracle)
+
+    @invariant()
+    def stored_runs_agree_with_a_key_join(self) -> None:
+        if not hasattr(self, "table"):
+            return
+        dataset = self.table.dataset()
+        base = dataset.to_table(columns=self.primary_key, with_row_address=True).to_pylist()
+        address = {tuple(r[k] for k in self.primary_key): r["_rowaddr"] for r in base}
+        fragments = {f.fragment_id for f in dataset.get_fragments()}
+        for shard in self.table.shard_states(dataset):
+            run = PendingRuns(self.table.storage).find(shard, quiet=True)
+            if run is None or not run.superseded.holds_in(fragments):
+                continue  # none stored, or stale: readers join keys
+            keys = [tuple(r[k] for k in self.primary_key) for r in run.changes.to_pylist()]
+            assert run.base_rows.to_pylist() == [address.get(k) for k in keys]
 
     @invariant()
     def lookups_match_oracle(self) -> None:

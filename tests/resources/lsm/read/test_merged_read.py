@@ -46,23 +46,29 @@ def test_one_table_object_reads_right_while_generations_come_and_go(tmp_path):
     assert_reads(table, batches + more)
 
 
+def pending(snapshot: merged_read.ReadSnapshot) -> tuple[tuple[str, str], ...]:
+    """Every pending generation of the snapshot, as ``(shard id, directory)``."""
+    return tuple((s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations)
+
+
 def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
     cache = merged_read.PendingGenerations(capacity=2)
     snapshot = table.snapshot(fresh=False)
     everything, keys = (snapshot.tail.schema, snapshot.tail.select(["id", "_tombstone"]).schema)
 
-    first = cache.resolved(snapshot, everything)
-    assert first.num_rows and cache.resolved(snapshot, everything) is first
-    assert cache.resolved(snapshot, keys).column_names == ["id", "_tombstone"]
+    first = cache.resolved(snapshot, pending(snapshot), everything)
+    assert first.num_rows and cache.resolved(snapshot, pending(snapshot), everything) is first
+    assert cache.resolved(snapshot, pending(snapshot), keys).column_names == ["id", "_tombstone"]
 
     table.write(next(iter(generate_changes(ChangeStreamSpec(num_keys=100, num_batches=1, batch_size=50)))))
     table.close()
-    after_flush = cache.resolved(table.snapshot(fresh=False), everything)
+    after = table.snapshot(fresh=False)
+    after_flush = cache.resolved(after, pending(after), everything)
     assert after_flush is not first and after_flush.num_rows >= first.num_rows
     # Capacity 2: the oldest projection was dropped, the first set is read again.
-    assert cache.resolved(snapshot, everything) is not first
-    assert cache.resolved(snapshot, everything).equals(first)
+    assert cache.resolved(snapshot, pending(snapshot), everything) is not first
+    assert cache.resolved(snapshot, pending(snapshot), everything).equals(first)
 
 
 @pytest.mark.parametrize(
@@ -94,22 +100,22 @@ def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path)
     snapshot = table.snapshot(fresh=False)
     shape = snapshot.tail.schema
     tight = merged_read.PendingGenerations(max_bytes=1024)
-    first = tight.resolved(snapshot, shape)
-    assert first.nbytes > 1024 and tight.resolved(snapshot, shape) is not first
+    first = tight.resolved(snapshot, pending(snapshot), shape)
+    assert first.nbytes > 1024 and tight.resolved(snapshot, pending(snapshot), shape) is not first
     roomy = merged_read.PendingGenerations(max_bytes=first.nbytes)
-    kept = roomy.resolved(snapshot, shape)
-    assert roomy.resolved(snapshot, shape) is kept and kept.equals(first)
+    kept = roomy.resolved(snapshot, pending(snapshot), shape)
+    assert roomy.resolved(snapshot, pending(snapshot), shape) is kept and kept.equals(first)
 
 
 def test_a_result_over_the_byte_budget_does_not_evict_the_others(tmp_path):
     table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
     snapshot = table.snapshot(fresh=False)
     narrow = pa.schema([snapshot.tail.schema.field(c) for c in ("id", TOMBSTONE_COLUMN)])
-    small = merged_read.PendingGenerations().resolved(snapshot, narrow)
+    small = merged_read.PendingGenerations().resolved(snapshot, pending(snapshot), narrow)
     cache = merged_read.PendingGenerations(max_bytes=small.nbytes)
-    kept = cache.resolved(snapshot, narrow)
-    cache.resolved(snapshot, snapshot.tail.schema)  # every column: over the budget
-    assert cache.resolved(snapshot, narrow) is kept
+    kept = cache.resolved(snapshot, pending(snapshot), narrow)
+    cache.resolved(snapshot, pending(snapshot), snapshot.tail.schema)  # every column: over the budget
+    assert cache.resolved(snapshot, pending(snapshot), narrow) is kept
 
 
 def test_the_scanner_streams_the_merged_view_and_stops_when_dropped(tmp_path):

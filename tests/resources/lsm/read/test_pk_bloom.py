@@ -13,6 +13,7 @@ from resources.lsm import LsmTable
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.format.shard_manifest import shard_dir
 from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
+from tests.helpers import drop_pending_runs
 from tests.helpers import rows_by_key
 
 KEYED_SCHEMAS = {
@@ -79,9 +80,12 @@ def test_a_lookup_plans_only_over_the_generations_that_may_hold_its_key(make_tab
     shard = table.shards()[0]
     generations = shard.pending_generations
     assert len(generations) == 5
-    assert generation_filters(table).candidates(shard, [250]) == (generations[2],)
-    assert generation_filters(table).candidates(shard, [150]) == (generations[1], generations[4])
-    assert generation_filters(table).candidates(shard, [10_000]) == ()
+    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [250]) == (generations[2],)
+    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [150]) == (
+        generations[1],
+        generations[4],
+    )
+    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [10_000]) == ()
 
     probe = [*range(0, 420, 7), 150]
     expected = rows_by_key(table.read())
@@ -90,10 +94,14 @@ def test_a_lookup_plans_only_over_the_generations_that_may_hold_its_key(make_tab
 
 
 def two_generations(make_table) -> tuple[LsmTable, str]:
-    """Keys 0..99 'old' in generation 1, keys 0..49 'new' in generation 2; returns generation 2's path."""
+    """Keys 0..99 'old' in generation 1, keys 0..49 'new' in generation 2; returns generation 2's path.
+
+    Without a pending run, so that lookups search the generations.
+    """
     table = make_table(num_shards=1)
     put(table, range(100), "old")
     put(table, range(50), "new")
+    drop_pending_runs(table)
     shard = table.shards()[0]
     return table, generation_path(table, shard.shard_id, shard.pending_generations[-1][1])
 
@@ -122,5 +130,8 @@ def test_keys_lance_hashes_differently_are_never_pruned(make_table, key_type):
         table.write(pa.table({"id": pa.array([value(n) for n in range(20)], key_type), "v": [label] * 20}))
         table.close()
     shard = table.shards()[0]
-    assert generation_filters(table).candidates(shard, [value(5)]) == shard.pending_generations
+    assert (
+        generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [value(5)])
+        == shard.pending_generations
+    )
     assert table.lookup([value(5)])["v"].to_pylist() == ["b"]

@@ -1,0 +1,112 @@
+"""Deletion vectors: which base rows a set of pending changes supersedes, by row address.
+
+A base row's address (Lance's ``_rowaddr``) is its fragment id in the high
+32 bits and its offset in that fragment in the low 32. Addresses stay valid
+while the fragment exists: deletions add a deletion file beside it, and only
+a rewrite (``compact_files``) gives its rows new addresses, in new fragments.
+A merged scan that drops the rows a vector lists needs no key join, whatever
+the key type (:mod:`resources.lsm.read.merged_read`).
+"""
+
+from __future__ import annotations
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from .filter_text import keys_filter
+
+ROW_ADDRESS = "_rowaddr"
+"""The column Lance adds for ``with_row_address=True``."""
+
+_ROW = "__lsm_row"
+_DENSE_SPAN_FACTOR = 4
+"""A batch whose address span is at most this many times its length is matched through a dense bitmap."""
+
+
+class DeletionVector:
+    """A sorted set of base row addresses, to drop from base batches.
+
+    Parameters
+    ----------
+    addresses
+        Row addresses (``uint64``), any order, duplicates allowed.
+    """
+
+    def __init__(self, addresses: np.ndarray) -> None:
+        self.addresses = np.unique(np.asarray(addresses, dtype=np.uint64))
+
+    @classmethod
+    def union(cls, vectors: list[DeletionVector]) -> DeletionVector:
+        """Every address of ``vectors``, which must be disjoint (one per shard: keys never share a row)."""
+        union = cls(np.empty(0, np.uint64))
+        if vectors:
+            # Concatenated sorted runs: a stable sort merges them in about linear time.
+            union.addresses = np.sort(np.concatenate([v.addresses for v in vectors]), kind="stable")
+        return union
+
+    def __len__(self) -> int:
+        return len(self.addresses)
+
+    def fragment_ids(self) -> set[int]:
+        """The base fragments the vector points into."""
+        return {int(f) for f in np.unique(self.addresses >> np.uint64(32))}
+
+    def holds_in(self, fragment_ids: set[int]) -> bool:
+        """Whether every fragment the vector points into is among ``fragment_ids``.
+
+        A rewritten fragment gives its rows new addresses: a vector pointing
+        into a fragment that is gone no longer finds the rows it superseded.
+        """
+        return self.fragment_ids() <= fragment_ids
+
+    def keep_mask(self, addresses: np.ndarray) -> np.ndarray:
+        """For each address, whether the vector does *not* hold it (the row stays).
+
+        Scan batches hold addresses ascending within a fragment: the vector's
+        slice for the batch's range becomes a bitmap over that range, one
+        lookup per row; scattered addresses fall back to a binary search.
+        """
+        if not len(self.addresses) or not len(addresses):
+            return np.ones(len(addresses), dtype=bool)
+        low, high = addresses.min(), addresses.max()
+        start = np.searchsorted(self.addresses, low, side="left")
+        stop = np.searchsorted(self.addresses, high, side="right")
+        inside = self.addresses[start:stop]
+        if not len(inside):
+            return np.ones(len(addresses), dtype=bool)
+        span = int(high - low) + 1
+        if span <= _DENSE_SPAN_FACTOR * len(addresses):
+            dropped = np.zeros(span, dtype=bool)
+            dropped[(inside - low).astype(np.intp)] = True
+            kept: np.ndarray = ~dropped[(addresses - low).astype(np.intp)]
+            return kept
+        position = np.minimum(np.searchsorted(inside, addresses), len(inside) - 1)
+        scattered: np.ndarray = inside[position] != addresses
+        return scattered
+
+
+def fragment_ids(dataset: lance.LanceDataset) -> set[int]:
+    """The ids of the fragments of one base version."""
+    return {fragment.fragment_id for fragment in dataset.get_fragments()}
+
+
+def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Array:
+    """The address of each key's base row, aligned with ``keys``; null where the base lacks the key.
+
+    The base holds each key at most once. The keys are found with one ``IN``
+    query: a single-column key through its BTREE index (the cost follows the
+    number of keys, not the base); a composite key filters on each column
+    and then joins exactly.
+    """
+    if not keys.num_rows:
+        return pa.array([], pa.uint64())
+    found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+    numbered = keys.select(primary_key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    joined = numbered.join(found, keys=primary_key, join_type="inner", use_threads=False)
+    addresses = np.zeros(keys.num_rows, dtype=np.uint64)
+    present = np.zeros(keys.num_rows, dtype=bool)
+    rows = joined.column(_ROW).to_numpy()
+    addresses[rows] = joined.column(ROW_ADDRESS).to_numpy()
+    present[rows] = True
+    return pa.array(addresses, pa.uint64(), mask=~present)

@@ -1,0 +1,230 @@
+"""Pending runs: a shard's pending generations resolved once and stored, with their deletion vector.
+
+Reading the pending levels means opening every pending generation (a Lance
+dataset each), keeping the newest change per key across them, and dropping
+the base rows those keys supersede: a key join over the whole base. A
+*pending run* pays for that once, at flush or merge time, and stores the
+result as one Arrow IPC file per shard::
+
+    _lsm_runs/<shard uuid>/<first gen>-<last gen>-<digest>.arrow
+
+It covers the first ``n`` generations above the shard's compacted marker
+(``lsm.generations`` in the schema metadata; the digest names their
+directories) and holds the newest change of every key in them (the table's
+columns plus ``_tombstone``) and ``_base_rowaddr``: the address of the base
+row each key supersedes, null if the base lacks the key. Those addresses are
+the run's deletion vector (:mod:`resources.lsm.read.deletion_vector`).
+
+A run is an optional shortcut, never the truth. A reader uses one only if its
+generations are exactly a prefix of the shard's pending generations (a merge
+moves the marker and retires it), reads any newer generations itself, and
+trusts its vector only while every fragment the vector points into is still in
+the pinned base (``compact_files`` rewrites rows to new addresses); otherwise
+the keys are joined as before. A missing or unreadable run is logged and read
+around. Runs are written atomically, rebuilt when stale, and deleted by GC
+once the marker passes their first generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import cached_property
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from ..format.schema import empty_tail
+from ..format.shard_state import ShardState
+from ..format.storage import TableStorage
+from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
+from .generations import newest_per_key, read_generations
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = "_lsm_runs"
+BASE_ROW_ADDRESS = "_base_rowaddr"
+_GENERATIONS = b"lsm.generations"
+
+Generations = tuple[tuple[int, str], ...]
+"""``(generation, directory)`` pairs, ascending."""
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """The newest change per key over ``generations`` of one shard, and the base rows they supersede."""
+
+    shard_id: str
+    generations: Generations
+    changes: pa.Table
+    """One row per key: the table's columns and ``_tombstone``."""
+    base_rows: pa.Array
+    """``uint64`` address of each change's superseded base row (null: none), aligned with ``changes``."""
+
+    @cached_property
+    def superseded(self) -> DeletionVector:
+        """The base rows the run's keys supersede."""
+        return DeletionVector(self.base_rows.drop_null().to_numpy())
+
+    def extra_generations(self, shard: ShardState) -> Generations:
+        """The shard's pending generations newer than the run (``shard``'s pending list must extend the run's)."""
+        return shard.pending_generations[len(self.generations) :]
+
+
+def run_path(shard_id: str, generations: Generations) -> str:
+    """Where the run covering ``generations`` of ``shard_id`` lives, relative to the table root."""
+    digest = hashlib.sha1("\n".join(d for _, d in generations).encode()).hexdigest()[:16]
+    return f"{RUNS_DIR}/{shard_id}/{generations[0][0]:08d}-{generations[-1][0]:08d}-{digest}.arrow"
+
+
+def covered_generations(name: str) -> tuple[int, int] | None:
+    """The first and last generation a run file covers, by its name; ``None`` for any other file."""
+    parts = name.removesuffix(".arrow").split("-")
+    if not name.endswith(".arrow") or len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def build_run(
+    dataset: lance.LanceDataset,
+    shard: ShardState,
+    primary_key: list[str],
+    previous: PendingRun | None = None,
+    session: lance.Session | None = None,
+) -> PendingRun:
+    """Resolve ``shard``'s pending generations (above its marker in ``dataset``) into a run.
+
+    ``shard`` must be pinned above ``dataset`` (``LsmTable.shard_states``).
+    ``previous``, a run over a prefix of them, is extended rather than
+    rebuilt: only newer generations are read, and only keys without a known
+    base row are looked up (through the key index: the cost follows the
+    change, not the base).
+    """
+    shape = empty_tail(dataset.schema).schema.append(pa.field(BASE_ROW_ADDRESS, pa.uint64()))
+    levels, todo = [], shard.pending_generations
+    if previous is not None:
+        known = previous.base_rows
+        if not previous.superseded.holds_in(fragment_ids(dataset)):
+            known = pa.nulls(len(known), pa.uint64())
+        levels.append(previous.changes.append_column(BASE_ROW_ADDRESS, known).select(shape.names))
+        todo = previous.extra_generations(shard)
+    columns = pa.schema(list(shape)[:-1])
+    rows = read_generations(dataset.uri, [(shard.shard_id, d) for _, d in todo], columns, session=session)
+    levels += [r.append_column(BASE_ROW_ADDRESS, pa.nulls(r.num_rows, pa.uint64())) for r in rows]
+    resolved = newest_per_key(levels, shape, primary_key).combine_chunks()
+    base_rows = _fill_base_rows(dataset, resolved, primary_key)
+    return PendingRun(shard.shard_id, shard.pending_generations, resolved.drop_columns([BASE_ROW_ADDRESS]), base_rows)
+
+
+def _fill_base_rows(dataset: lance.LanceDataset, resolved: pa.Table, primary_key: list[str]) -> pa.Array:
+    """``resolved``'s ``_base_rowaddr``, with the missing addresses looked up in the base."""
+    known = resolved.column(BASE_ROW_ADDRESS).combine_chunks()
+    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
+    if not len(missing):
+        return known
+    found = base_row_addresses(dataset, resolved.select(primary_key).take(missing), primary_key)
+    addresses = known.fill_null(0).to_numpy().copy()
+    present = known.is_valid().to_numpy(zero_copy_only=False).copy()
+    addresses[missing] = found.fill_null(0).to_numpy()
+    present[missing] = found.is_valid().to_numpy(zero_copy_only=False)
+    return pa.array(addresses, pa.uint64(), mask=~present)
+
+
+def store_run(storage: TableStorage, run: PendingRun) -> str:
+    """Write ``run`` atomically (readers see all of it or none); returns its path."""
+    table = run.changes.append_column(BASE_ROW_ADDRESS, run.base_rows)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), _GENERATIONS: json.dumps(run.generations)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    path = run_path(run.shard_id, run.generations)
+    storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
+    return path
+
+
+def read_run(storage: TableStorage, path: str, shard_id: str) -> PendingRun:
+    """The run stored at ``path``; ``OSError`` / ``ValueError`` / ``pa.ArrowInvalid`` if unreadable."""
+    table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(path))).read_all()
+    generations = tuple((int(g), str(d)) for g, d in json.loads((table.schema.metadata or {})[_GENERATIONS]))
+    if not generations or run_path(shard_id, generations) != path:
+        raise ValueError(f"{path} does not hold the run its name promises")
+    base_rows = table.column(BASE_ROW_ADDRESS).combine_chunks()
+    return PendingRun(shard_id, generations, table.drop_columns([BASE_ROW_ADDRESS]), base_rows)
+
+
+class PendingRuns:
+    """Finds and caches the stored runs of one table's shards. Safe to share between threads.
+
+    A run's content is fixed by its generations, so cached runs are reused
+    until the shard's pending generations no longer extend them. At most
+    ``max_bytes`` of runs are kept, least recently used dropped first.
+    """
+
+    def __init__(self, storage: TableStorage, max_bytes: int = 1 << 30) -> None:
+        self._storage, self._max_bytes = storage, max_bytes
+        self._runs: OrderedDict[str, PendingRun] = OrderedDict()
+        self._reported: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def find(self, shard: ShardState, *, quiet: bool = False) -> PendingRun | None:
+        """The stored run over the longest prefix of ``shard``'s pending generations, if any.
+
+        A missing or unreadable run is logged (once per shard and pending set)
+        unless ``quiet``.
+        """
+        pending = shard.pending_generations
+        if not pending:
+            return None
+        prefixes = {run_path(shard.shard_id, pending[:n]): n for n in range(len(pending), 0, -1)}
+        with self._lock:
+            for path in prefixes:
+                if (run := self._runs.get(path)) is not None:
+                    self._runs.move_to_end(path)
+                    return run
+        for path in self._stored(shard.shard_id, prefixes):
+            try:
+                run = read_run(self._storage, path, shard.shard_id)
+            except FileNotFoundError:
+                continue  # retired meanwhile
+            except (OSError, ValueError, KeyError, pa.ArrowInvalid) as exc:
+                if not quiet:
+                    self._report(shard, path, f"is unreadable ({exc}); reading its generations instead")
+                return None
+            self.remember(run)
+            return run
+        if not quiet:
+            self._report(shard, run_path(shard.shard_id, pending), "is missing; reading the generations instead")
+        return None
+
+    def forget(self, run: PendingRun) -> None:
+        """Drop ``run`` from the cache (its vector went stale: a rebuilt one may be stored)."""
+        with self._lock:
+            self._runs.pop(run_path(run.shard_id, run.generations), None)
+
+    def _stored(self, shard_id: str, prefixes: dict[str, int]) -> list[str]:
+        """Paths among ``prefixes`` that exist, longest prefix first: the full set is tried without a listing."""
+        full = next(iter(prefixes))
+        if self._storage.exists(full):
+            return [full]
+        present = {f"{RUNS_DIR}/{shard_id}/{f.name}" for f in self._storage.list_files(f"{RUNS_DIR}/{shard_id}")}
+        return [p for p in prefixes if p in present]
+
+    def remember(self, run: PendingRun) -> None:
+        """Cache ``run`` (just built or read)."""
+        with self._lock:
+            self._runs[run_path(run.shard_id, run.generations)] = run
+            while self._runs and sum(r.changes.nbytes for r in self._runs.values()) > self._max_bytes:
+                self._runs.popitem(last=False)
+
+    def _report(self, shard: ShardState, path: str, problem: str) -> None:
+        """Warn once per shard and pending set: every read would say the same."""
+        with self._lock:
+            first = (shard.shard_id, path) not in self._reported
+            self._reported.add((shard.shard_id, path))
+        if first:
+            log.warning("pending run %s of shard %s %s", path, shard.shard_id, problem)
