@@ -13,8 +13,7 @@ from resources.lsm import LsmTable
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.format.shard_manifest import shard_dir
 from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
-from tests.helpers import drop_pending_runs
-from tests.helpers import rows_by_key
+from tests.helpers import drop_pending_runs, rows_by_key
 
 KEYED_SCHEMAS = {
     "int64": (pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"]),
