@@ -34,7 +34,7 @@ from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from .read import merged_read, vector_search
 from .read.deletion_vector import fragment_ids
 from .read.filter_text import checked_filter
-from .read.pending_run import PendingRuns, build_run, store_run
+from .read.pending_run import PendingRuns, build_run, run_path, store_run
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
 from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
@@ -468,10 +468,13 @@ class LsmTable:
                 continue
             previous = self._runs.find(state, quiet=True)
             if previous is not None and previous.generations == state.pending_generations:
-                if previous.superseded.holds_in(present):
+                stored = self.storage.exists(run_path(state.shard_id, previous.generations))
+                if stored and previous.superseded.holds_in(present):
                     continue
                 self._runs.forget(previous)
-            run = build_run(dataset, state, self.primary_key, previous, self._session)
+            run = build_run(
+                dataset, state, self.primary_key, previous, storage_options=self.storage_options, session=self._session
+            )
             store_run(self.storage, run)
             self._runs.remember(run)
             built[state.shard_id] = run.changes.num_rows

@@ -141,7 +141,8 @@ def collect_garbage(
     started = time.monotonic()
     storage = table.storage
     versions = _cleanup_base_versions(table.dataset(), older_than, retain_versions)
-    bounds = _collectable_generations(storage, table.dataset(), table.shard_ids)
+    merged = _merged_in_every_retained_version(storage, table.dataset(), table.shard_ids)
+    bounds = _collectable_generations(storage, table.dataset(), merged)
     now_ns = time.time_ns()
     generations = wal = orphans = runs = Reclaimed()
     for shard_id in table.shard_ids:
@@ -153,7 +154,7 @@ def collect_garbage(
         generations += _delete_compacted_generations(storage, shard_id, listed, present, bounds[shard_id])
         orphans += _delete_orphans(storage, shard_id, listed, present, now_ns - int(orphan_grace_seconds * 1e9))
         wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_grace_seconds * 1e9))
-        runs += _delete_retired_runs(storage, shard_id, bounds[shard_id], now_ns - int(orphan_grace_seconds * 1e9))
+        runs += _delete_retired_runs(storage, shard_id, merged[shard_id], now_ns - int(orphan_grace_seconds * 1e9))
     orphans += _delete_stale_staging(storage, now_ns - int(orphan_grace_seconds * 1e9))
     return GcResult(generations, wal, orphans, versions, runs, time.monotonic() - started)
 
@@ -168,12 +169,20 @@ def _cleanup_base_versions(
     return Reclaimed(stats.old_versions, stats.bytes_removed)
 
 
-def _collectable_generations(
+def _merged_in_every_retained_version(
     storage: TableStorage, dataset: lance.LanceDataset, shard_ids: list[str]
 ) -> dict[str, int]:
-    """Per shard, the highest generation that rules 1 and 2 allow deleting."""
+    """Per shard, the highest generation rule 1 allows deleting (the lowest marker of any retained version)."""
     markers = [m for m in (_markers_if_retained(storage, v["version"]) for v in dataset.versions()) if m is not None]
-    bounds = {s: min(m.get(s, 0) for m in markers) for s in shard_ids}
+    return {s: min(m.get(s, 0) for m in markers) for s in shard_ids}
+
+
+def _collectable_generations(
+    storage: TableStorage, dataset: lance.LanceDataset, merged: dict[str, int]
+) -> dict[str, int]:
+    """Per shard, the highest generation that rules 1 (``merged``) and 2 allow deleting."""
+    bounds = dict(merged)
+    shard_ids = list(merged)
     maintained = _maintained_indexes(dataset)
     if maintained:
         caught_up = _index_catchup(storage, dataset.version)

@@ -10,6 +10,8 @@ the key type (:mod:`resources.lsm.read.merged_read`).
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import lance
 import numpy as np
 import pyarrow as pa
@@ -40,6 +42,8 @@ class DeletionVector:
     def union(cls, vectors: list[DeletionVector]) -> DeletionVector:
         """Every address of ``vectors``, which must be disjoint (one per shard: keys never share a row)."""
         union = cls(np.empty(0, np.uint64))
+        if len(vectors) == 1:
+            return vectors[0]
         if vectors:
             # Concatenated sorted runs: a stable sort merges them in about linear time.
             union.addresses = np.sort(np.concatenate([v.addresses for v in vectors]), kind="stable")
@@ -48,17 +52,18 @@ class DeletionVector:
     def __len__(self) -> int:
         return len(self.addresses)
 
-    def fragment_ids(self) -> set[int]:
+    @cached_property
+    def fragment_ids(self) -> frozenset[int]:
         """The base fragments the vector points into."""
-        return {int(f) for f in np.unique(self.addresses >> np.uint64(32))}
+        return frozenset(int(f) for f in np.unique(self.addresses >> np.uint64(32)))
 
-    def holds_in(self, fragment_ids: set[int]) -> bool:
+    def holds_in(self, fragment_ids: set[int] | frozenset[int]) -> bool:
         """Whether every fragment the vector points into is among ``fragment_ids``.
 
         A rewritten fragment gives its rows new addresses: a vector pointing
         into a fragment that is gone no longer finds the rows it superseded.
         """
-        return self.fragment_ids() <= fragment_ids
+        return self.fragment_ids <= fragment_ids
 
     def keep_mask(self, addresses: np.ndarray) -> np.ndarray:
         """For each address, whether the vector does *not* hold it (the row stays).

@@ -10,7 +10,8 @@ result as one Arrow IPC file per shard::
 
 It covers the first ``n`` generations above the shard's compacted marker
 (``lsm.generations`` in the schema metadata; the digest names their
-directories) and holds the newest change of every key in them (the table's
+directories; a magic and a CRC-32 precede the Arrow data, as IPC files carry
+no checksum) and holds the newest change of every key in them (the table's
 columns plus ``_tombstone``) and ``_base_rowaddr``: the address of the base
 row each key supersedes, null if the base lacks the key. Those addresses are
 the run's deletion vector (:mod:`resources.lsm.read.deletion_vector`).
@@ -31,6 +32,7 @@ import hashlib
 import json
 import logging
 import threading
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 RUNS_DIR = "_lsm_runs"
 BASE_ROW_ADDRESS = "_base_rowaddr"
 _GENERATIONS = b"lsm.generations"
+_MAGIC = b"LSMRUN1\n"
+"""A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
 
 Generations = tuple[tuple[int, str], ...]
 """``(generation, directory)`` pairs, ascending."""
@@ -95,6 +99,8 @@ def build_run(
     shard: ShardState,
     primary_key: list[str],
     previous: PendingRun | None = None,
+    *,
+    storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
 ) -> PendingRun:
     """Resolve ``shard``'s pending generations (above its marker in ``dataset``) into a run.
@@ -114,7 +120,8 @@ def build_run(
         levels.append(previous.changes.append_column(BASE_ROW_ADDRESS, known).select(shape.names))
         todo = previous.extra_generations(shard)
     columns = pa.schema(list(shape)[:-1])
-    rows = read_generations(dataset.uri, [(shard.shard_id, d) for _, d in todo], columns, session=session)
+    generations = [(shard.shard_id, d) for _, d in todo]
+    rows = read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
     levels += [r.append_column(BASE_ROW_ADDRESS, pa.nulls(r.num_rows, pa.uint64())) for r in rows]
     resolved = newest_per_key(levels, shape, primary_key).combine_chunks()
     base_rows = _fill_base_rows(dataset, resolved, primary_key)
@@ -142,14 +149,19 @@ def store_run(storage: TableStorage, run: PendingRun) -> str:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
     path = run_path(run.shard_id, run.generations)
-    storage.write_bytes_atomic(path, sink.getvalue().to_pybytes())
+    storage.write_bytes_atomic(path, _MAGIC + zlib.crc32(body).to_bytes(4, "little") + body)
     return path
 
 
 def read_run(storage: TableStorage, path: str, shard_id: str) -> PendingRun:
-    """The run stored at ``path``; ``OSError`` / ``ValueError`` / ``pa.ArrowInvalid`` if unreadable."""
-    table = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(path))).read_all()
+    """The run stored at ``path``; ``OSError`` / ``ValueError`` / ``pa.ArrowInvalid`` if unreadable or damaged."""
+    data = storage.read_bytes(path)
+    body = data[len(_MAGIC) + 4 :]
+    if not data.startswith(_MAGIC) or zlib.crc32(body) != int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 4], "little"):
+        raise ValueError(f"{path} is damaged (checksum mismatch)")
+    table = pa.ipc.open_file(pa.BufferReader(body)).read_all()
     generations = tuple((int(g), str(d)) for g, d in json.loads((table.schema.metadata or {})[_GENERATIONS]))
     if not generations or run_path(shard_id, generations) != path:
         raise ValueError(f"{path} does not hold the run its name promises")
@@ -180,13 +192,14 @@ class PendingRuns:
         pending = shard.pending_generations
         if not pending:
             return None
-        prefixes = {run_path(shard.shard_id, pending[:n]): n for n in range(len(pending), 0, -1)}
+        full = run_path(shard.shard_id, pending)
         with self._lock:
-            for path in prefixes:
-                if (run := self._runs.get(path)) is not None:
-                    self._runs.move_to_end(path)
-                    return run
-        for path in self._stored(shard.shard_id, prefixes):
+            if (cached := self._runs.get(full)) is not None:
+                self._runs.move_to_end(full)
+                return cached
+        for path in self._stored(shard.shard_id, pending):
+            if (cached := self._runs.get(path)) is not None:
+                return cached
             try:
                 run = read_run(self._storage, path, shard.shard_id)
             except FileNotFoundError:
@@ -198,7 +211,7 @@ class PendingRuns:
             self.remember(run)
             return run
         if not quiet:
-            self._report(shard, run_path(shard.shard_id, pending), "is missing; reading the generations instead")
+            self._report(shard, full, "is missing; reading the generations instead")
         return None
 
     def forget(self, run: PendingRun) -> None:
@@ -206,13 +219,17 @@ class PendingRuns:
         with self._lock:
             self._runs.pop(run_path(run.shard_id, run.generations), None)
 
-    def _stored(self, shard_id: str, prefixes: dict[str, int]) -> list[str]:
-        """Paths among ``prefixes`` that exist, longest prefix first: the full set is tried without a listing."""
-        full = next(iter(prefixes))
+    def _stored(self, shard_id: str, pending: Generations) -> list[str]:
+        """Paths of stored runs over prefixes of ``pending``, longest first (the full set needs no listing)."""
+        full = run_path(shard_id, pending)
         if self._storage.exists(full):
             return [full]
-        present = {f"{RUNS_DIR}/{shard_id}/{f.name}" for f in self._storage.list_files(f"{RUNS_DIR}/{shard_id}")}
-        return [p for p in prefixes if p in present]
+        present = {f.name for f in self._storage.list_files(f"{RUNS_DIR}/{shard_id}")}
+        first = f"{pending[0][0]:08d}-"
+        if not any(name.startswith(first) for name in present):
+            return []
+        prefixes = (run_path(shard_id, pending[:n]) for n in range(len(pending) - 1, 0, -1))
+        return [path for path in prefixes if path.rsplit("/", 1)[1] in present]
 
     def remember(self, run: PendingRun) -> None:
         """Cache ``run`` (just built or read)."""

@@ -1,0 +1,193 @@
+"""Merged reads by key type: int64, string (UUID hex) and composite (string, int64) keys.
+
+    .venv/bin/python benchmarks/read_keys.py            # 300k-row base, as the deletion-vector issue measured
+    .venv/bin/python benchmarks/read_keys.py --quick    # smoke run
+
+For each key type: a base of ``--rows`` rows (BTREE on a single-column key),
+4 shards, then ``--gen-rows`` random upserts (5% new keys) flushed per
+generation until each shard holds 4, then 16 pending generations. Measured
+side by side, alternating, medians of ``--repeat`` pairs:
+
+- full scan of the base alone (``dataset.to_table()``) vs the merged view
+  through a warm table object (``LsmTable.read()``), and vs the first read of
+  a table object opened just before (what every Dagster run pays);
+- point lookups (p50 of ``--lookups`` random keys, warm table object) vs
+  Lance's own point query on the base (``to_table(filter=...)``);
+- the write side: ``flush()`` of one generation per shard with its pending
+  runs built, vs the same flush with run building switched off, on twin tables.
+
+Targets (issue: deletion vectors): merged scan <= 1.3x the base scan with 4
+pending generations per shard, new reader included; <= 1.6x with 16; lookups
+<= 5 ms p50 with 16; flush <= 1.5x. Results: benchmarks/results/read_keys.md / .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.maintenance import median_seconds, paired_median_seconds  # noqa: E402
+from resources.lsm import LsmTable  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+KEYS = {"int64": ["id"], "string": ["id"], "composite": ["region", "seq"]}
+STATUSES = np.array(["new", "paid", "shipped", "returned"])
+
+
+def rows_for(kind: str, ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
+    """Rows for integer ids ``ids``, keyed the ``kind`` way (the same id always gives the same key)."""
+    if kind == "int64":
+        key = {"id": pa.array(ids, pa.int64())}
+    elif kind == "string":
+        key = {"id": pa.array([uuid.UUID(int=int(i) * 0x9E3779B97F4A7C15 % (1 << 128)).hex for i in ids])}
+    else:
+        key = {"region": pa.array(np.char.add("region-", (ids % 16).astype(str))), "seq": pa.array(ids // 16)}
+    return pa.table(
+        {
+            **key,
+            "customer": pa.array(np.char.add("c", (ids % 997).astype(str))),
+            "amount": pa.array(np.round(rng.random(len(ids)) * 1000, 2)),
+            "status": pa.array(STATUSES[rng.integers(0, len(STATUSES), len(ids))]),
+        }
+    )
+
+
+def make_table(uri: str, kind: str, rows: int, rng: np.random.Generator) -> LsmTable:
+    """An LSM table of ``kind`` keys whose base holds ``rows`` rows, indexed."""
+    schema = rows_for(kind, np.arange(1), rng).schema
+    table = LsmTable.create(uri, schema, KEYS[kind], num_shards=4)
+    lance.write_dataset(rows_for(kind, np.arange(rows), rng).cast(table.schema), uri, mode="append")
+    table.dataset().optimize.optimize_indices()
+    return LsmTable.open(uri)
+
+
+def add_generations(table: LsmTable, kind: str, count: int, args, rng: np.random.Generator) -> None:
+    for _ in range(count):
+        table.write(rows_for(kind, rng.integers(0, int(args.rows * 1.05), args.gen_rows), rng))
+        table.flush()
+
+
+def point_query(kind: str, key: tuple) -> str:
+    if kind == "composite":
+        return f"region = '{key[0]}' AND seq = {key[1]}"
+    return f"id = {key[0]}" if kind == "int64" else f"id = '{key[0]}'"
+
+
+def bench_kind(workdir: Path, kind: str, args) -> dict:
+    rng = np.random.default_rng(7)
+    table = make_table(str(workdir / f"{kind}.lance"), kind, args.rows, rng)
+    base = table.dataset()
+    probe_table = rows_for(kind, rng.integers(0, args.rows, args.lookups), rng).select(KEYS[kind])
+    probes = list(zip(*(probe_table.column(k).to_pylist() for k in KEYS[kind]), strict=True))
+
+    def new_reader_scan() -> None:
+        LsmTable.open(table.uri).read()
+
+    def p50(lookup: Callable[[tuple], object]) -> float:
+        return statistics.median(median_seconds(lambda k=k: lookup(k), 1) for k in probes)
+
+    results, written = {}, 0
+    for generations in (4, 16):
+        add_generations(table, kind, generations - written, args, rng)
+        written = generations
+        table.read()  # warm
+        base_scan, warm = paired_median_seconds(base.to_table, table.read, args.repeat)
+        base_scan_2, first = paired_median_seconds(base.to_table, new_reader_scan, args.repeat)
+        results[generations] = {
+            "base_scan_s": base_scan,
+            "warm_scan_s": warm,
+            "warm_ratio": warm / base_scan,
+            "new_reader_scan_s": first,
+            "new_reader_ratio": first / base_scan_2,
+            "lookup_p50_s": p50(lambda k: table.lookup([k])),
+            "lance_point_query_p50_s": p50(lambda k: base.to_table(filter=point_query(kind, k))),
+        }
+        print(kind, generations, {k: round(v, 4) for k, v in results[generations].items()}, flush=True)
+    table.close()
+    return results
+
+
+def bench_flush(workdir: Path, args) -> dict:
+    """``flush()`` with pending runs built vs without, on twin int64 tables, alternating."""
+    rng = np.random.default_rng(11)
+    twins = [make_table(str(workdir / f"flush-{n}.lance"), "int64", args.rows, rng) for n in range(2)]
+    twins[1].build_pending_runs = lambda *_, **__: {}  # type: ignore[method-assign]  # today's flush
+    timings: list[list[float]] = [[], []]
+    for step in range(args.flushes):
+        changes = rows_for("int64", rng.integers(0, int(args.rows * 1.05), args.gen_rows), rng)
+        for n in (step % 2, 1 - step % 2):
+            twins[n].write(changes)
+            started = time.perf_counter()
+            twins[n].flush()
+            timings[n].append(time.perf_counter() - started)
+    with_runs, without = statistics.median(timings[0]), statistics.median(timings[1])
+    return {"flush_with_runs_s": with_runs, "flush_without_runs_s": without, "ratio": with_runs / without}
+
+
+def report_markdown(report: dict) -> str:
+    lines = [
+        f"# Merged reads by key type ({report['config']['rows']:,}-row base, 4 shards, "
+        f"{report['config']['gen_rows']:,} upserts per flush)",
+        "",
+        "| key | pending gens/shard | base scan | merged, warm | ratio | merged, new reader | ratio "
+        "| lookup p50 | Lance point query p50 |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, by_gens in report["keys"].items():
+        for gens, r in by_gens.items():
+            lines.append(
+                f"| {kind} | {gens} | {r['base_scan_s'] * 1e3:.1f} ms | {r['warm_scan_s'] * 1e3:.1f} ms "
+                f"| {r['warm_ratio']:.2f}x | {r['new_reader_scan_s'] * 1e3:.1f} ms | {r['new_reader_ratio']:.2f}x "
+                f"| {r['lookup_p50_s'] * 1e3:.2f} ms | {r['lance_point_query_p50_s'] * 1e3:.2f} ms |"
+            )
+    f = report["flush"]
+    lines += [
+        "",
+        f"Flush of one generation per shard: {f['flush_with_runs_s'] * 1e3:.0f} ms with pending runs built, "
+        f"{f['flush_without_runs_s'] * 1e3:.0f} ms without ({f['ratio']:.2f}x).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=300_000)
+    parser.add_argument("--gen-rows", type=int, default=None, help="upserts per flush (default rows/100)")
+    parser.add_argument("--repeat", type=int, default=15, help="alternating base/merged scan pairs")
+    parser.add_argument("--lookups", type=int, default=50)
+    parser.add_argument("--flushes", type=int, default=8)
+    parser.add_argument("--quick", action="store_true", help="small smoke run; results not written")
+    args = parser.parse_args()
+    if args.quick:
+        args.rows, args.repeat, args.lookups, args.flushes = 20_000, 3, 5, 2
+    args.gen_rows = args.gen_rows or args.rows // 100
+    with tempfile.TemporaryDirectory(prefix="lsm-read-keys-") as tmp:
+        workdir = Path(tmp)
+        report = {
+            "config": dict(vars(args)),
+            "keys": {kind: bench_kind(workdir, kind, args) for kind in KEYS},
+            "flush": bench_flush(workdir, args),
+        }
+    markdown = report_markdown(report)
+    print(markdown)
+    if not args.quick:
+        (RESULTS / "read_keys.json").write_text(json.dumps(report, indent=2))
+        (RESULTS / "read_keys.md").write_text(markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Pending runs and their deletion vectors: built at flush, read by scans and lookups, never trusted blindly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+
+from resources.lsm import LsmTable
+from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
+from resources.lsm.read.pending_run import RUNS_DIR, PendingRuns, run_path
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
+from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
+from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
+
+LOGGER = "resources.lsm.read.pending_run"
+
+
+def merged_into_base_then_changed(uri: str) -> tuple[LsmTable, list[pa.Table]]:
+    """A table whose base holds two merges (two fragments, deletions) and whose shards hold pending generations."""
+    table, batches = build_change_table(uri, num_shards=2, num_batches=4)
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=4, batch_size=400, seed=5)))
+    for i, batch in enumerate(more):
+        table.write(batch)
+        table.flush()
+        if i < 2:
+            table.compact(maintenance=None)
+    return table, batches + more
+
+
+def stored_runs(table: LsmTable) -> list[str]:
+    return sorted(
+        f"{RUNS_DIR}/{shard}/{f.name}"
+        for shard in table.shard_ids
+        for f in table.storage.list_files(f"{RUNS_DIR}/{shard}")
+    )
+
+
+def current_runs(table: LsmTable) -> list[str]:
+    """The paths of the runs over each shard's whole pending set."""
+    return [run_path(s.shard_id, s.pending_generations) for s in table.shards()]
+
+
+def assert_reads_and_lookups(table: LsmTable, batches: list[pa.Table]) -> None:
+    expected = oracle_view(batches)
+    assert rows_by_key(table.read()) == expected
+    probe = [k for (k,) in list(expected)[:50]] + [999_999]
+    assert rows_by_key(table.lookup(probe)) == {(k,): expected[(k,)] for k in probe if (k,) in expected}
+
+
+def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_base_rows(tmp_path):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    base = table.dataset().to_table(columns=["id"], with_row_address=True)
+    address = dict(zip(base["id"].to_pylist(), base["_rowaddr"].to_pylist(), strict=True))
+    for shard in table.shards():
+        run = PendingRuns(table.storage).find(shard)
+        assert run is not None and run.generations == shard.pending_generations
+        keys = run.changes["id"].to_pylist()
+        assert len(set(keys)) == len(keys)
+        assert run.base_rows.to_pylist() == [address.get(k) for k in keys]
+        assert run.base_rows.null_count < len(keys)  # most changes supersede a base row
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+
+
+def test_without_runs_reads_are_right_and_say_so(tmp_path, caplog):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    drop_pending_runs(table)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert "is missing; reading the generations instead" in caplog.text
+
+
+def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, caplog):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    first, second = current_runs(table)
+    path = table.storage.path(first)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with open(table.storage.path(second), "r+b") as f:
+        f.seek(0)
+        f.write(b"not an arrow file")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert caplog.text.count("is unreadable") == 2
+
+
+def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_refreshes_them(tmp_path):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    before = {f.fragment_id for f in table.dataset().get_fragments()}
+    maintain_base(table.dataset(), MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30))
+    assert not before & {f.fragment_id for f in table.dataset().get_fragments()}  # every row has a new address
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
+    assert table.build_pending_runs() == {}  # current now
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+
+
+def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    kept = {p: table.storage.read_bytes(p) for p in current_runs(table)}
+    newest = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=1, batch_size=400, seed=9)))
+    table.write(newest[0])
+    table.flush()
+    drop_pending_runs(table)
+    for path, data in kept.items():  # only runs over the older generations remain
+        table.storage.write_bytes_atomic(path, data)
+    reader = LsmTable.open(table.uri)
+    for shard in reader.shards():
+        run = PendingRuns(reader.storage).find(shard)
+        assert run is not None and run.extra_generations(shard) == shard.pending_generations[-1:]
+    assert_reads_and_lookups(reader, batches + newest)
+
+
+def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_path):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    shard = table.shard_ids[0]
+    leftover = f"{RUNS_DIR}/{shard}/00000001-00000002-0123456789abcdef.arrow.{'0' * 32}.tmp"
+    table.storage.write_bytes_atomic(leftover, b"half a run")
+    everything = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "retain_versions": 1, "older_than": None}
+    table.gc(**everything)  # nothing merged: only the leftover and runs over shorter prefixes go
+    assert stored_runs(table) == sorted(current_runs(table))
+    table.compact()
+    assert table.gc(**everything).pending_runs.count == len(table.shard_ids)
+    assert stored_runs(table) == []
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+
+
+BUILDER = """
+import sys
+from resources.lsm import LsmTable
+from tests.helpers import drop_pending_runs
+table = LsmTable.open(sys.argv[1])
+print("ready", flush=True)
+while True:
+    drop_pending_runs(table)
+    table.build_pending_runs()
+"""
+
+
+def test_sigkill_while_runs_are_built_never_changes_an_answer(tmp_path, caplog):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    expected = oracle_view(batches)
+    rng = random.Random(3)
+    for _ in range(6):
+        child = subprocess.Popen(
+            [sys.executable, "-c", BUILDER, table.uri], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.6))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            reader = LsmTable.open(table.uri)
+            assert rows_by_key(reader.read()) == expected
+        assert "unreadable" not in caplog.text  # runs appear whole or not at all
+    # Whatever the kills left, the next build completes the runs.
+    table.build_pending_runs()
+    for state in table.shards():
+        assert table.storage.exists(run_path(state.shard_id, state.pending_generations))
