@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _T = TypeVar("_T")
+_S = TypeVar("_S")
 
 Keys: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | Iterable[object]"
 """What :meth:`LsmTable.lookup` accepts: a table of key columns, or key values, tuples or dicts."""
@@ -462,23 +463,26 @@ class LsmTable:
             return {}
         dataset = self.dataset()
         present = fragment_ids(dataset)
-        built = {}
-        for state in self.shard_states(dataset, shard_ids):
-            if not state.pending_generations:
-                continue
+
+        def build(state: ShardState) -> int | None:
+            """Changes stored for the shard, ``None`` if its run was current."""
             previous = self._runs.find(state, quiet=True)
             if previous is not None and previous.generations == state.pending_generations:
                 stored = self.storage.exists(run_path(state.shard_id, previous.generations))
                 if stored and previous.superseded.holds_in(present):
-                    continue
+                    return None
                 self._runs.forget(previous)
             run = build_run(
                 dataset, state, self.primary_key, previous, storage_options=self.storage_options, session=self._session
             )
             store_run(self.storage, run)
             self._runs.remember(run)
-            built[state.shard_id] = run.changes.num_rows
-        return built
+            rows: int = run.changes.num_rows
+            return rows
+
+        states = [s for s in self.shard_states(dataset, shard_ids) if s.pending_generations]
+        built = dict(zip((s.shard_id for s in states), self._for_each_shard(build, states), strict=True))
+        return {shard_id: rows for shard_id, rows in built.items() if rows is not None}
 
     def gc(
         self,
@@ -733,12 +737,13 @@ class LsmTable:
                 f"(rows acknowledged earlier are safe in the WAL): {exc}"
             ) from exc
 
-    def _for_each_shard(self, work: Callable[[str], _T], shard_ids: Iterable[str]) -> list[_T]:
-        shard_ids = list(shard_ids)
-        if len(shard_ids) <= 1:
-            return [work(s) for s in shard_ids]
-        with ThreadPoolExecutor(max_workers=len(shard_ids), thread_name_prefix="lsm-shard") as pool:
-            return list(pool.map(work, shard_ids))
+    def _for_each_shard(self, work: Callable[[_S], _T], shards: Iterable[_S]) -> list[_T]:
+        """``work`` on each shard (id or state) in parallel threads: shard work mostly waits on storage."""
+        shards = list(shards)
+        if len(shards) <= 1:
+            return [work(s) for s in shards]
+        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="lsm-shard") as pool:
+            return list(pool.map(work, shards))
 
 
 def _absolute(uri: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from . import protowire
 from .storage import TableStorage
@@ -101,7 +102,9 @@ def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest |
     return decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{position_name(version)}.binpb"))
 
 
+@lru_cache(maxsize=1024)
 def decode_shard_manifest(data: bytes) -> ShardManifest:
+    """Decode a manifest file (cached by content: every read of a busy shard decodes the same bytes)."""
     message = protowire.decode(data)
     sstables = tuple(
         sorted(

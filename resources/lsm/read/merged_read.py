@@ -420,6 +420,8 @@ def lookup(
 
 def _in_key_order(rows: pa.Table, keys: pa.Table, key: list[str]) -> pa.Table:
     """``rows`` (one per key, each key in ``keys``) in the order of ``keys``."""
+    if rows.num_rows < 2:
+        return rows
     numbered = keys.select(key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
     joined = rows.select(key).append_column(_ROW + "_found", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     positions = joined.join(numbered, keys=key, join_type="inner", use_threads=False)

@@ -68,7 +68,9 @@ class PendingRun:
     changes: pa.Table
     """One row per key: the table's columns and ``_tombstone``."""
     base_rows: pa.Array
-    """``uint64`` address of each change's superseded base row (null: none), aligned with ``changes``."""
+    """``uint64`` address of each change's superseded base row (null: none), aligned with ``changes``.
+
+    Ascending, nulls last, in a run built here."""
 
     @cached_property
     def superseded(self) -> DeletionVector:
@@ -124,8 +126,12 @@ def build_run(
     rows = read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
     levels += [r.append_column(BASE_ROW_ADDRESS, pa.nulls(r.num_rows, pa.uint64())) for r in rows]
     resolved = newest_per_key(levels, shape, primary_key).combine_chunks()
-    base_rows = _fill_base_rows(dataset, resolved, primary_key)
-    return PendingRun(shard.shard_id, shard.pending_generations, resolved.drop_columns([BASE_ROW_ADDRESS]), base_rows)
+    resolved = resolved.set_column(len(shape) - 1, BASE_ROW_ADDRESS, _fill_base_rows(dataset, resolved, primary_key))
+    resolved = resolved.sort_by(BASE_ROW_ADDRESS)  # the vector ascending (nulls last): readers need not sort
+    changes = resolved.drop_columns([BASE_ROW_ADDRESS])
+    return PendingRun(
+        shard.shard_id, shard.pending_generations, changes, resolved.column(BASE_ROW_ADDRESS).combine_chunks()
+    )
 
 
 def _fill_base_rows(dataset: lance.LanceDataset, resolved: pa.Table, primary_key: list[str]) -> pa.Array:

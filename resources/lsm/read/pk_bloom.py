@@ -2,12 +2,11 @@
 
 Every flushed generation carries ``bloom_filter.bin``, a split-block bloom
 filter (Parquet's SBBF: 256-bit blocks of eight little-endian u32 words) of
-the primary-key hashes of its rows, deletes included. Lance's point-lookup
-planner can skip a generation whose filter rules the key out, but pylance
-14.0.2 never hands it the filters: ``LsmPointLookupPlanner`` opens every
-generation and probes its index on every lookup (about 1.3 ms each). We
-check the filters here and give the planner only the generations that may
-hold the key. Its newest-wins answer is unchanged: a skipped generation has
+the primary-key hashes of its rows, deletes included. pylance 14.0.2's
+``LsmPointLookupPlanner`` never uses them: it opens every generation and
+probes its index on every lookup (about 1.3 ms each). A lookup here opens
+only the generations whose filter may hold the key (those not covered by a
+pending run). The newest-wins answer is unchanged: a skipped generation has
 no row, live or deleted, for that key. Every filter is 32 KiB in 14.0.2:
 measured, no false positives at 2.5k keys, but 60% at 90k keys (near the
 default 100k-row MemTable), so smaller MemTables (``max_memtable_rows``)
