@@ -22,6 +22,9 @@ ROW_ADDRESS = "_rowaddr"
 """The column Lance adds for ``with_row_address=True``."""
 
 _ROW = "__lsm_row"
+_SCAN_ROWS_PER_INDEXED_KEY = 200
+"""Base rows a key-column scan reads in the time a BTREE ``IN`` query spends per key (pylance 14.0.2:
+about 38 ns per scanned row vs 7 us per looked-up key)."""
 _DENSE_SPAN_FACTOR = 4
 """A batch whose address span is at most this many times its length is matched through a dense bitmap."""
 
@@ -108,16 +111,20 @@ def fragment_ids(dataset: lance.LanceDataset) -> set[int]:
 def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Array:
     """The address of each key's base row, aligned with ``keys``; null where the base lacks the key.
 
-    The base holds each key at most once. The keys are found with one ``IN``
-    query: a single-column key through its BTREE index (the cost follows the
-    number of keys, not the base); a composite key filters on each column
-    and then joins exactly.
+    The base holds each key at most once. Few keys against a large base are
+    found with one ``IN`` query, which a single-column key's BTREE serves
+    (the cost follows the number of keys); otherwise the base's key columns
+    are scanned, which is cheaper per key, and joined.
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
-    found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+    few = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows()
+    found = dataset.to_table(
+        columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key) if few else None
+    )
     numbered = keys.select(primary_key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-    joined = numbered.join(found, keys=primary_key, join_type="inner", use_threads=False)
+    # Acero builds its hash table on the right: the keys, the small side.
+    joined = found.join(numbered, keys=primary_key, join_type="inner", use_threads=False)
     addresses = np.zeros(keys.num_rows, dtype=np.uint64)
     present = np.zeros(keys.num_rows, dtype=bool)
     rows = joined.column(_ROW).to_numpy()
