@@ -480,7 +480,7 @@ class LsmTable:
             rows: int = run.changes.num_rows
             return rows
 
-        states = [s for s in self.shard_states(dataset, shard_ids) if s.pending_generations]
+        states = [s for s in self.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
         built = dict(zip((s.shard_id for s in states), self._for_each_shard(build, states), strict=True))
         return {shard_id: rows for shard_id, rows in built.items() if rows is not None}
 
@@ -596,7 +596,11 @@ class LsmTable:
         return self.shard_states()
 
     def shard_states(
-        self, dataset: lance.LanceDataset | None = None, shard_ids: Iterable[str] | None = None
+        self,
+        dataset: lance.LanceDataset | None = None,
+        shard_ids: Iterable[str] | None = None,
+        *,
+        for_read: bool = False,
     ) -> list[ShardState]:
         """The state of ``shard_ids`` (default: all) above a pinned base version, in bucket order.
 
@@ -604,13 +608,14 @@ class LsmTable:
         the latest, pinned now). Pin the base before the shards: generations
         merged after that version are still listed by the shard manifests read
         next, so a reader of the base plus these states misses nothing. The
-        markers are decoded once for all shards.
+        markers are decoded once for all shards. ``for_read`` leaves out what
+        only maintenance needs (see :func:`~resources.lsm.format.shard_state.load_shard_state`).
         """
         dataset = self.dataset() if dataset is None else dataset
         compacted = read_compacted_generations(self.storage, dataset.version)
         wanted = None if shard_ids is None else set(shard_ids)
         return [
-            load_shard_state(self.storage, shard_id, bucket, compacted.get(shard_id, 0))
+            load_shard_state(self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=for_read)
             for bucket, shard_id in enumerate(self.shard_ids)
             if wanted is None or shard_id in wanted
         ]
@@ -636,7 +641,7 @@ class LsmTable:
         (:mod:`resources.lsm.read.merged_read`).
         """
         dataset = self.dataset() if dataset is None else dataset
-        states = self.shard_states(dataset, shard_ids)
+        states = self.shard_states(dataset, shard_ids, for_read=True)
         tails = [
             read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
             for s in states

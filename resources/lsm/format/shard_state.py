@@ -38,14 +38,16 @@ class ShardState:
         When the oldest and newest of those entries were written (``None``
         without entries, or on stores that keep no modification times).
     oldest_pending_mtime_ns
-        When the oldest generation above the compacted marker was flushed.
+        When the oldest generation above the compacted marker was flushed
+        (``None`` in a state loaded for reading only).
     pending_rows
         Rows written to the generations above the compacted marker, as their
         manifest entries count them (superseded duplicates included; a
         generation whose count the writer left out adds 0).
     orphan_directories
         Generation directories on storage that the manifest does not list;
-        never read, removed by garbage collection.
+        never read, removed by garbage collection (empty in a state loaded
+        for reading only).
     """
 
     shard_id: str
@@ -70,8 +72,15 @@ class ShardState:
         return tuple(g for g in self.flushed_generations if g[0] > self.compacted_generation)
 
 
-def load_shard_state(storage: TableStorage, shard_id: str, bucket: int, compacted_generation: int) -> ShardState:
-    """Read one shard's state; a shard that never had a writer reads as empty."""
+def load_shard_state(
+    storage: TableStorage, shard_id: str, bucket: int, compacted_generation: int, *, for_read: bool = False
+) -> ShardState:
+    """Read one shard's state; a shard that never had a writer reads as empty.
+
+    ``for_read`` skips what only maintenance needs (orphan directories, the
+    oldest pending flush time): two listings fewer, which on an object store
+    are most of a point lookup's requests.
+    """
     manifest = read_shard_manifest(storage, shard_id)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
@@ -82,7 +91,7 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int, compacte
     ]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
-    present = list_generation_dirs(storage, shard_id)
+    present = () if for_read else list_generation_dirs(storage, shard_id)
     orphans = tuple(d for _, d in present if d not in listed_dirs)
     pending = [d for g, d in listed if g > compacted_generation]
     return ShardState(
@@ -98,7 +107,7 @@ def load_shard_state(storage: TableStorage, shard_id: str, bucket: int, compacte
         unflushed_wal_bytes=sum(e.size for e in unflushed),
         unflushed_wal_first_mtime_ns=min(wal_mtimes, default=None),
         unflushed_wal_last_mtime_ns=max(wal_mtimes, default=None),
-        oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending else None,
+        oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending and not for_read else None,
         orphan_directories=orphans,
         pending_rows=sum(s.physical_rows or 0 for s in manifest.sstables if s.generation > compacted_generation)
         if manifest
