@@ -132,7 +132,7 @@ def scan(
     if filter:
         live = _filter_sql(live, filter)
     schema = pa.schema([dataset.schema.field(c) for c in columns])
-    older = base.without(_BaseFilter(levels.superseded, _KeyFilter(levels.joined_keys, key)))
+    older = base.without(BaseRowFilter([levels], key))
     weakref.finalize(older, base.close)  # a reader dropped unread stops the scan too
     newest = live.select(columns).cast(schema).to_batches()
     return pa.RecordBatchReader.from_batches(schema, _chain((b.select(columns) for b in older), newest))
@@ -187,7 +187,7 @@ class _BaseBatches:
         """Stop the scan (the pump thread returns at its next batch)."""
         self._closed.set()
 
-    def without(self, superseded: _BaseFilter) -> Iterator[pa.RecordBatch]:
+    def without(self, superseded: BaseRowFilter) -> Iterator[pa.RecordBatch]:
         """Every base row ``superseded`` keeps, in scan order, without the row address.
 
         Batches are filtered on the reader threads while the scan goes on
@@ -207,11 +207,13 @@ class _BaseBatches:
             self.close()
 
 
-class _BaseFilter:
-    """Drops superseded rows from base batches: by position (deletion vectors), then by key."""
+class BaseRowFilter:
+    """Drops superseded rows from base batches read with row addresses: by position, then by key."""
 
-    def __init__(self, vector: DeletionVector, keys: _KeyFilter) -> None:
-        self._vector, self._keys = vector, keys
+    def __init__(self, levels: Sequence[PendingLevels], key: list[str]) -> None:
+        self._vector = DeletionVector.union([level.superseded for level in levels])
+        joined = [level.joined_keys for level in levels]
+        self._keys = _KeyFilter(pa.concat_tables(joined).combine_chunks() if len(joined) > 1 else joined[0], key)
 
     def drop_from(self, batch: pa.RecordBatch) -> pa.Table:
         """``batch``'s surviving rows, in order, without ``_rowaddr``."""

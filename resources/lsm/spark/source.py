@@ -30,9 +30,12 @@ WAL entries up to the newest position seen) and gives partition ``i``:
   read by exactly one partition and returned unless its key has a newer
   change in *any* shard's pending levels.
 
-So partition ``i`` also reads the key columns of every shard's pending
-generations (and every shard's WAL tail), which compaction keeps small; the
-base, the bulk of the data, is read once. The union of the partitions is the
+So partition ``i`` also resolves every shard's pending levels, as
+:func:`~resources.lsm.read.merged_read.resolve_levels` does for a local read:
+one stored pending run per shard (plus any generation newer than it, and the
+WAL tail), whose deletion vector drops the superseded base rows by position;
+compaction keeps these levels small. The base, the bulk of the data, is read
+once. The union of the partitions is the
 merged view: a key with a pending change appears only from its shard's
 partition, with its newest value; any other key comes from the one base
 fragment that holds its live row. Every file a partition reads is immutable,
@@ -90,8 +93,8 @@ from ..format.schema import empty_tail, live_rows
 from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
 from ..format.storage import StorageOptions, TableStorage
-from ..read.generations import newest_per_key, read_generations
-from ..read.merged_read import key_join
+from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
+from ..read.pending_run import PendingRuns
 from ..read.wal_tail import read_wal_tail
 from ..table import LsmTable
 
@@ -114,12 +117,10 @@ def register_spark_source(spark: SparkSession) -> None:
 class ShardPin:
     """One shard's pending levels as of the pinned snapshot."""
 
-    shard_id: str
-    generations: tuple[str, ...]
-    """Directories of the generations above the compacted marker, ascending."""
-    wal_after: int
+    state: ShardState
+    """The shard's state above the pinned base version (its pending generations)."""
     wal_up_to: int | None
-    """WAL entries in ``(wal_after, wal_up_to]`` form the tail; ``None``: not read."""
+    """WAL entries after the state's replay position up to this one form the tail; ``None``: not read."""
 
 
 @dataclass(frozen=True)
@@ -184,57 +185,56 @@ class LsmReader(DataSourceReader):
         """Pin the snapshot and split it into one partition per shard range."""
         table = LsmTable.open(self.uri, storage_options=self.storage_options)
         dataset = table.dataset()
-        pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset))
+        pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset, for_read=True))
         slices = _balanced_slices(dataset, len(pins))
         return [ShardRangePartition(i, dataset.version, slices[i], pins) for i in range(len(pins))]
 
     def _pin(self, storage: TableStorage, state: ShardState) -> ShardPin:
         tail = self.fresh and state.unflushed_wal_entries > 0
-        return ShardPin(
-            state.shard_id,
-            tuple(d for _, d in state.pending_generations),
-            state.replay_after_wal_position,
-            _last_wal_position(storage, state.shard_id) if tail else None,
-        )
+        return ShardPin(state, _last_wal_position(storage, state.shard_id) if tail else None)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
         partition = cast(ShardRangePartition, partition)  # one of :meth:`partitions`
         storage = TableStorage(self.uri, self.storage_options)
-        pending = [self._pending_changes(storage, pin) for pin in partition.shards]
-        newer_keys = pa.concat_tables([p.select(self.primary_key) for p in pending])
+        dataset = lance.dataset(self.uri, version=partition.base_version, storage_options=self.storage_options)
+        runs = PendingRuns(storage)
+        levels = [
+            resolve_levels(self._snapshot(dataset, storage, runs, pin), self.table_schema.names)
+            for pin in partition.shards
+        ]
         where = filter_expression(self.filters, self.table_schema)
         wanted = self.columns + [k for k in self.primary_key if k not in self.columns]
-        dataset = lance.dataset(self.uri, version=partition.base_version, storage_options=self.storage_options)
         if partition.fragment_ids:
+            superseded = BaseRowFilter(levels, self.primary_key)
             # Ids of the pinned version's own fragments: none is missing.
             fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
-            for batch in dataset.scanner(columns=wanted, filter=where, fragments=fragments).to_batches():
-                base = key_join(pa.Table.from_batches([batch]), newer_keys, self.primary_key, "left anti")
+            scanner = dataset.scanner(columns=wanted, filter=where, fragments=fragments, with_row_address=True)
+            for batch in scanner.to_batches():
+                base = superseded.drop_from(batch)
                 if base.num_rows:
                     yield from self._output(base)
-        mine = pending[partition.index]
-        live = live_rows(mine)
+        live = live_rows(levels[partition.index].changes)
         yield from self._output(live.filter(where) if where is not None else live)
 
-    def _pending_changes(self, storage: TableStorage, pin: ShardPin) -> pa.Table:
-        """Newest change per key of one shard's pending generations and WAL tail (with ``_tombstone``)."""
-        columns = empty_tail(self.table_schema).schema
-        levels = read_generations(
-            self.uri, [(pin.shard_id, d) for d in pin.generations], columns, storage_options=self.storage_options
-        )
-        if pin.wal_up_to is not None:
-            levels.append(
-                read_wal_tail(
-                    storage,
-                    pin.shard_id,
-                    pin.wal_after,
-                    self.table_schema,
-                    self.primary_key,
-                    up_to_position=pin.wal_up_to,
-                )
+    def _snapshot(
+        self, dataset: lance.LanceDataset, storage: TableStorage, runs: PendingRuns, pin: ShardPin
+    ) -> ReadSnapshot:
+        """What this partition reads of one shard: its pending generations (through its stored run) and tail."""
+        state = pin.state
+        tail = (
+            read_wal_tail(
+                storage,
+                state.shard_id,
+                state.replay_after_wal_position,
+                self.table_schema,
+                self.primary_key,
+                up_to_position=pin.wal_up_to,
             )
-        return newest_per_key(levels, columns, self.primary_key)
+            if pin.wal_up_to is not None
+            else empty_tail(self.table_schema)
+        )
+        return ReadSnapshot(dataset, (state,), tail, tuple(self.primary_key), self.storage_options, runs=runs)
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from rows.select(self.columns).cast(self.output_schema).to_batches()
