@@ -85,7 +85,11 @@ def shard_metadata(per_shard: dict[int, dict[str, float]], totals: dict[str, Any
 
 
 def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: FlushConfig) -> dict[str, Any]:
-    """Flush the selected shards' unflushed WAL into generations (in parallel), skipping live writers."""
+    """Flush the selected shards' unflushed WAL into generations (in parallel), skipping live writers.
+
+    Then store each selected shard's pending run (the read shortcut over its
+    pending generations, rebuilt only if it changed).
+    """
     live_runs = live_writer_runs(context.instance, exclude_run_id=context.run.run_id)
     to_flush = [
         s
@@ -105,12 +109,17 @@ def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: Flus
             "wal_bytes_flushed": state.unflushed_wal_bytes,
         }
     after = {s.bucket: s for s in selected_shards(table, config.shards)}
+    runs = table.build_pending_runs([s.shard_id for s in after.values()])
+    for b, s in after.items():
+        if s.shard_id in runs:
+            context.log.info(f"shard {b}: pending run built over {runs[s.shard_id]} changes")
     per_shard = {
         b: {
             "flushed": int(b in flushed),
             **flushed.get(b, {"wal_entries_flushed": 0, "wal_bytes_flushed": 0}),
             "unflushed_wal_entries": s.unflushed_wal_entries,
             "pending_generations": len(s.pending_generations),
+            "pending_run_changes": runs.get(s.shard_id, 0),
         }
         for b, s in after.items()
     }
@@ -134,7 +143,8 @@ def flushed_generations(
     context: AssetExecutionContext, config: FlushConfig, lsm_table: LsmTableResource
 ) -> MaterializeResult:
     """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
-    a new writer and flushed into a generation. Shards with a live writer are skipped."""
+    a new writer and flushed into a generation, and each shard's pending generations
+    resolved into a stored pending run for readers. Shards with a live writer are not flushed."""
     return MaterializeResult(metadata=flush_shards(context, lsm_table.open(), config))
 
 

@@ -19,6 +19,7 @@ environment variables (read when the definitions load) override them:
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from dagster import (
@@ -38,12 +39,11 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 
 from jobs import MAINTENANCE_TAG, flush_job, gc_job, merge_job, quality_job
 from lsm_assets.live_writers import live_writer_runs
-from resources.lsm.maintenance.policy import FlushTrigger, MergeTrigger
+from resources.lsm.maintenance.policy import Decision, FlushTrigger, MergeTrigger
 from resources.table_resource import LsmTableResource
 
 if TYPE_CHECKING:
-    from resources.lsm import ShardState
-    from resources.lsm.maintenance.policy import Decision
+    from resources.lsm import LsmTable, ShardState
 
 _UNFINISHED = [
     DagsterRunStatus.QUEUED,
@@ -84,7 +84,18 @@ SENSOR_INTERVAL_SECONDS = int(_env_number("LSM_SENSOR_INTERVAL_SECONDS", 30))
 
 
 class Trigger(Protocol):
-    def decide(self, state: "ShardState", now: float) -> "Decision | None": ...
+    def decide(self, state: "ShardState", now: float) -> Decision | None: ...
+
+
+def missing_pending_run(table: "LsmTable", state: "ShardState") -> Decision | None:
+    """Work for a shard whose pending generations have no stored pending run (its readers join keys)."""
+    if table.has_pending_run(state):
+        return None
+    newest = state.pending_generations[-1][0]
+    return Decision(
+        reason=f"{len(state.pending_generations)} pending generations (up to {newest}) without a pending run",
+        key=f"{state.shard_id}:run-{newest}",
+    )
 
 
 def shard_sensor(
@@ -95,12 +106,14 @@ def shard_sensor(
     description: str,
     skip_while_writing: bool = False,
     interval_seconds: int = SENSOR_INTERVAL_SECONDS,
+    otherwise: Callable[["LsmTable", "ShardState"], Decision | None] | None = None,
 ) -> SensorDefinition:
     """A sensor requesting one run of ``job`` for all the shards where ``trigger`` decides so.
 
     The run's config sets ``shards`` on the ``asset_name`` step. With
     ``skip_while_writing`` the whole tick is skipped while a run holding shard
-    writers is in progress.
+    writers is in progress. ``otherwise`` is asked about the shards the
+    trigger leaves alone.
     """
     kind = (job.tags or {}).get(MAINTENANCE_TAG, job.name)
 
@@ -121,8 +134,11 @@ def shard_sensor(
                 return SkipReason(f"writer runs in progress ({', '.join(live)}); not claiming their shards")
         now = time.time()
         decisions = {}
-        for state in lsm_table.open().shards():
+        table = lsm_table.open()
+        for state in table.shards():
             decision = trigger.decide(state, now)
+            if decision is None and otherwise is not None:
+                decision = otherwise(table, state)
             if decision is not None:
                 decisions[state.bucket] = decision
                 context.log.info(f"shard {state.bucket}: {decision.reason}")
@@ -152,8 +168,10 @@ flush_sensor = shard_sensor(
     "flushed_generations",
     flush_trigger(),
     "Flushes the shards whose WAL holds data no generation has (crashed or idle writers): "
-    "older than 5 minutes or over 64 MiB, and untouched for 60 s.",
+    "older than 5 minutes or over 64 MiB, and untouched for 60 s; and builds the pending run "
+    "(readers' shortcut) of shards whose pending generations have none.",
     skip_while_writing=True,
+    otherwise=missing_pending_run,
 )
 
 merge_sensor = shard_sensor(

@@ -374,8 +374,8 @@ class LsmTable:
         A shard this object writes to has its writer closed (flushing its
         MemTable). Any other shard with WAL entries after its replay position
         (a crashed writer, an idle shard) is claimed with a new writer, which
-        replays the WAL, and closed again. Flushed shards get their pending
-        runs (:meth:`build_pending_runs`).
+        replays the WAL, and closed again. Flushing builds no pending run
+        (:meth:`build_pending_runs`): that stays off the write path.
         """
         targets = self._shard_list(shard)
         states = {s.shard_id: s for s in self.shards()}
@@ -387,16 +387,13 @@ class LsmTable:
                 writer.close()
             return shard_id
 
-        flushed = list(self._for_each_shard(flush_shard, to_flush))
-        self.build_pending_runs(flushed)
-        return flushed
+        return list(self._for_each_shard(flush_shard, to_flush))
 
     def close(self) -> list[str]:
         """Close every open writer, flushing its MemTable to a new generation.
 
         Writers fenced by another process cannot flush; their acknowledged rows
-        are in the WAL, which the new owner replays. Returns those shards. The
-        other shards get their pending runs (:meth:`build_pending_runs`).
+        are in the WAL, which the new owner replays. Returns those shards.
         """
         writers, self._writers = self._writers, {}
 
@@ -409,9 +406,9 @@ class LsmTable:
                 return True
 
         # In parallel: a close is mostly waiting on storage.
-        fenced = dict(zip(writers, self._for_each_shard(close, writers), strict=True))
-        self.build_pending_runs([shard_id for shard_id, lost in fenced.items() if not lost])
-        return [shard_id for shard_id, lost in fenced.items() if lost]
+        return [
+            shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced
+        ]
 
     def __enter__(self) -> LsmTable:
         return self
@@ -443,14 +440,23 @@ class LsmTable:
         self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
         return result
 
+    def has_pending_run(self, state: ShardState) -> bool:
+        """Whether a run over all of ``state``'s pending generations is stored (``True`` if none is pending)."""
+        pending = state.pending_generations
+        return not pending or self.storage.exists(run_path(state.shard_id, pending))
+
     def build_pending_runs(self, shard: str | Sequence[str] | None = None) -> dict[str, int]:
         """Resolve each shard's pending generations into a stored run with its deletion vector.
 
         A reader then reads one file per shard instead of every pending
         generation, and drops the base rows they supersede by position instead
         of joining keys (:mod:`resources.lsm.read.pending_run`). Runs are only
-        a shortcut: without one, reads are as correct and slower. Flush, close
-        and compact call this; it is idempotent and cheap when nothing changed.
+        a shortcut: without one, reads are as correct and slower. Finding the
+        superseded base rows costs a key-index query or a key-column scan of
+        the base, so it is maintenance work, not the write path's: ``compact``
+        calls this, and so do the Dagster flush and merge runs (the flush
+        sensor asks for one when a shard's pending generations have no run).
+        Idempotent, and cheap when nothing changed.
 
         Returns
         -------

@@ -13,7 +13,7 @@ from resources.lsm import LsmTable
 from resources.lsm.maintenance.policy import FlushTrigger, MergeTrigger
 from resources.lsm.testing.changegen import EVENTS_SCHEMA
 from resources.table_resource import LsmTableResource
-from sensors.maintenance import merge_sensor, shard_sensor
+from sensors.maintenance import merge_sensor, missing_pending_run, shard_sensor
 from tests.helpers import keys_in_bucket, write_generation
 
 
@@ -81,6 +81,22 @@ def test_flush_sensor_requests_crashed_shards_and_waits_for_live_writers(make_ta
 
     LsmTable.open(table.uri).flush()
     instance.delete_run("live-writer")
+    assert not _evaluate(sensor, instance, table.uri).run_requests
+
+
+def test_the_flush_sensor_asks_for_pending_runs_where_generations_have_none(make_table, instance):
+    table = make_table(EVENTS_SCHEMA, num_shards=3)
+    write_generation(table, keys_in_bucket(table, 1, 5), "flushed")  # a flush builds no run
+    write_generation(table, keys_in_bucket(table, 2, 5), "flushed")
+    table.build_pending_runs(table.shard_ids[2])
+    sensor = shard_sensor(
+        "test_flush_sensor", flush_job, "flushed_generations", FlushTrigger(), "test", otherwise=missing_pending_run
+    )
+
+    (request,) = _evaluate(sensor, instance, table.uri).run_requests
+    assert _shards(request, "flushed_generations") == [1]
+    assert request.tags["lsm/shards"] == "1"
+    table.build_pending_runs()
     assert not _evaluate(sensor, instance, table.uri).run_requests
 
 

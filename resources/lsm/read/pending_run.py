@@ -3,8 +3,8 @@
 Reading the pending levels means opening every pending generation (a Lance
 dataset each), keeping the newest change per key across them, and dropping
 the base rows those keys supersede: a key join over the whole base. A
-*pending run* pays for that once, at flush or merge time, and stores the
-result as one Arrow IPC file per shard::
+*pending run* pays for that once, in maintenance after a flush or a merge,
+and stores the result as one Arrow IPC file per shard::
 
     _lsm_runs/<shard uuid>/<first gen>-<last gen>-<digest>.arrow
 
@@ -22,7 +22,9 @@ moves the marker and retires it), reads any newer generations itself, and
 trusts its vector only while every fragment the vector points into is still in
 the pinned base (``compact_files`` rewrites rows to new addresses); otherwise
 the keys are joined as before. A missing or unreadable run is logged and read
-around. Runs are written atomically, rebuilt when stale, and deleted by GC
+around (a warning once the newest generation is older than
+``MISSING_RUN_WARNING_SECONDS``: runs are built by maintenance, after the
+flush). Runs are written atomically, rebuilt when stale, and deleted by GC
 once the marker passes their first generation.
 """
 
@@ -32,6 +34,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..format.schema import empty_tail
+from ..format.shard_manifest import shard_dir
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
@@ -50,6 +54,8 @@ from .generations import newest_per_key, read_generations
 log = logging.getLogger(__name__)
 
 RUNS_DIR = "_lsm_runs"
+MISSING_RUN_WARNING_SECONDS = 300.0
+"""A run missing for a generation flushed longer ago than this is logged as a warning (maintenance is late)."""
 BASE_ROW_ADDRESS = "_base_rowaddr"
 _GENERATIONS = b"lsm.generations"
 _MAGIC = b"LSMRUN1\n"
@@ -217,7 +223,7 @@ class PendingRuns:
             self.remember(run)
             return run
         if not quiet:
-            self._report(shard, full, "is missing; reading the generations instead")
+            self._report_missing(shard, full)
         return None
 
     def forget(self, run: PendingRun) -> None:
@@ -243,6 +249,21 @@ class PendingRuns:
             self._runs[run_path(run.shard_id, run.generations)] = run
             while self._runs and sum(r.changes.nbytes for r in self._runs.values()) > self._max_bytes:
                 self._runs.popitem(last=False)
+
+    def _report_missing(self, shard: ShardState, path: str) -> None:
+        """Warn if a run should exist by now: maintenance builds one soon after each flush."""
+        newest = shard.pending_generations[-1][1]
+        versions = self._storage.list_files(f"{shard_dir(shard.shard_id)}/{newest}/_versions")
+        flushed_ns = min((f.mtime_ns for f in versions if f.mtime_ns is not None), default=None)
+        age = None if flushed_ns is None else time.time() - flushed_ns / 1e9
+        if age is not None and age < MISSING_RUN_WARNING_SECONDS:
+            log.debug(
+                "pending run %s of shard %s not built yet (newest generation %.0fs old)", path, shard.shard_id, age
+            )
+            return
+        self._report(
+            shard, path, f"is missing (newest generation flushed {age or 0:.0f}s ago); reading the generations"
+        )
 
     def _report(self, shard: ShardState, path: str, problem: str) -> None:
         """Warn once per shard and pending set: every read would say the same."""

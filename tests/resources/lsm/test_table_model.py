@@ -1,8 +1,9 @@
 """Model-based test: random change sequences against a plain-Python oracle.
 
 Each step writes upserts / deletes (with out-of-order ``_seq``), closes,
-reopens or crashes the table (writers dropped unflushed), flushes, merges,
-rewrites the base's files (stale deletion vectors) or collects garbage; after
+reopens or crashes the table (writers dropped unflushed), flushes, builds
+pending runs, merges, rewrites the base's files (stale deletion vectors) or
+collects garbage; after
 every step the merged view, the count and point lookups must equal the oracle,
 and every stored pending run must agree with a key join against the base.
 Single and composite keys.
@@ -108,6 +109,10 @@ class LsmTableMachine(RuleBasedStateMachine):
     def flush(self) -> None:
         self.table.flush()
         assert all(s.unflushed_wal_entries == 0 for s in self.table.shards())
+
+    @rule()
+    def build_pending_runs(self) -> None:
+        self.table.build_pending_runs()
 
     @rule()
     def crash(self) -> None:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
+from resources.lsm.read import pending_run
 from resources.lsm.read.pending_run import RUNS_DIR, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
@@ -31,6 +32,8 @@ def merged_into_base_then_changed(uri: str) -> tuple[LsmTable, list[pa.Table]]:
         table.flush()
         if i < 2:
             table.compact(maintenance=None)
+    assert not any(table.has_pending_run(s) for s in table.shards())  # flushes build none
+    table.build_pending_runs()
     return table, batches + more
 
 
@@ -68,12 +71,17 @@ def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_ba
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
 
 
-def test_without_runs_reads_are_right_and_say_so(tmp_path, caplog):
+def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path, caplog, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     drop_pending_runs(table)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert_reads_and_lookups(LsmTable.open(table.uri), batches)
-    assert "is missing; reading the generations instead" in caplog.text
+    assert not caplog.text  # just flushed: maintenance has not had its turn yet
+
+    monkeypatch.setattr(pending_run, "MISSING_RUN_WARNING_SECONDS", 0.0)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert caplog.text.count("is missing") == len(table.shard_ids)
 
 
 def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, caplog):
@@ -103,13 +111,9 @@ def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_r
 
 def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
-    kept = {p: table.storage.read_bytes(p) for p in current_runs(table)}
     newest = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=1, batch_size=400, seed=9)))
     table.write(newest[0])
-    table.flush()
-    drop_pending_runs(table)
-    for path, data in kept.items():  # only runs over the older generations remain
-        table.storage.write_bytes_atomic(path, data)
+    table.flush()  # only the runs over the older generations exist
     reader = LsmTable.open(table.uri)
     for shard in reader.shards():
         run = PendingRuns(reader.storage).find(shard)
@@ -122,13 +126,18 @@ def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_
     shard = table.shard_ids[0]
     leftover = f"{RUNS_DIR}/{shard}/00000001-00000002-0123456789abcdef.arrow.{'0' * 32}.tmp"
     table.storage.write_bytes_atomic(leftover, b"half a run")
+    extra = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=100, seed=4)))
+    for batch in extra:
+        table.write(batch)
+        table.flush()
+        table.build_pending_runs()  # a run over each longer prefix
     everything = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "retain_versions": 1, "older_than": None}
     table.gc(**everything)  # nothing merged: only the leftover and runs over shorter prefixes go
     assert stored_runs(table) == sorted(current_runs(table))
     table.compact()
     assert table.gc(**everything).pending_runs.count == len(table.shard_ids)
     assert stored_runs(table) == []
-    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches + extra)
 
 
 BUILDER = """
