@@ -65,7 +65,6 @@ from ..ingest.landing import (
     LandingRetention,
     LandingRows,
     LedgerEntry,
-    NullMarkers,
     UnreadableFileError,
     is_complete,
     landing_dir_exists,
@@ -279,14 +278,14 @@ def ingest_landing_files(
     counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
     staging = f"{STAGING_DIR}/run={run_id}-{call}"  # one per call, even in a long run
     try:
-        staged = _stage(spark, table, files, counts, staging, policy.csv_null_markers)
+        staged = _stage(spark, table, files, counts, staging, policy)
         shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
         per_file: _PerFile = counts.value  # every staged file reported
         rows_quarantined = sum(per_file[f.order][1] for f in files)
         if rows_quarantined:
             quarantine_path = _quarantine_path(quarantine_dir, run_id)
             rejected_files = [f for f in files if per_file[f.order][1]]
-            restaged = _stage(spark, table, rejected_files, counts, None, policy.csv_null_markers)
+            restaged = _stage(spark, table, rejected_files, counts, None, policy)
             _quarantine(restaged, quarantine_path, call, options)
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
@@ -368,7 +367,7 @@ def _stage(
     files: list[LandingFile],
     counts: Accumulator[_PerFile],
     staging: str | None,
-    null_markers: NullMarkers,
+    policy: LandingPolicy,
 ) -> RDD[_Staged]:
     """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
 
@@ -384,9 +383,7 @@ def _stage(
         range(len(files)), min(len(files), spark.sparkContext.defaultParallelism)
     )
     uri, options = table.uri, table.storage_options
-    return positions.mapPartitions(
-        lambda part: _stage_files(part, listing, uri, options, staging, counts, null_markers)
-    )
+    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, options, staging, counts, policy))
 
 
 def _quarantine(staged: RDD[_Staged], path: str, call: str, storage_options: StorageOptions | None) -> None:
@@ -439,7 +436,7 @@ def _stage_files(
     storage_options: StorageOptions | None,
     staging: str | None,
     counts: Accumulator[_PerFile],
-    null_markers: NullMarkers,
+    policy: LandingPolicy,
 ) -> Iterator[_Staged]:
     """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
 
@@ -455,7 +452,7 @@ def _stage_files(
         for position in positions:
             order, name, path = listing[position]
             first_order = order if first_order is None else first_order
-            parts, rejected, file_counts = _stage_one_file(table, name, path, null_markers)
+            parts, rejected, file_counts = _stage_one_file(table, name, path, policy)
             for bucket, rows in parts:
                 staged.append(bucket, rows)
             counts.add({order: file_counts})
@@ -504,7 +501,7 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
 
 
 def _stage_one_file(
-    table: LsmTable, name: str, path: str, null_markers: NullMarkers
+    table: LsmTable, name: str, path: str, policy: LandingPolicy
 ) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int, str | None]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows, whole-file reason).
 
@@ -513,7 +510,7 @@ def _stage_one_file(
     the error). Only a platform fault (:func:`_is_platform_fault`) raises.
     """
     try:
-        read = read_landing_file(path, null_markers, table.storage_options)
+        read = read_landing_file(path, policy.csv_null_markers, table.storage_options, policy.cdc_format(name))
         validated = _validate_file(table, read)
         rejected = _rejected_rows(name, read, validated.rejections)
         rows = read.table.num_rows + len(read.rejections)
