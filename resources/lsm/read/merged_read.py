@@ -44,7 +44,7 @@ from lance.mem_wal import LsmPointLookupPlanner, ShardSnapshot
 
 from ..format.schema import TOMBSTONE_COLUMN, live_rows, without_internal_columns
 from ..format.shard_state import ShardState
-from .generations import newest_per_key, open_generation, read_generations
+from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
@@ -436,7 +436,10 @@ def _lookup_without_planner(
     where = reduce(operator.and_, [pc.field(k) == one_key[k][0] for k in one_key.column_names])
     for _, directory in reversed(generations):
         generation = open_generation(snapshot.dataset.uri, shard_id, directory, snapshot.storage_options)
-        rows = generation.to_table(columns=[*wanted, TOMBSTONE_COLUMN], filter=where, scan_in_order=True)
+        shape = pa.schema(
+            [*(snapshot.dataset.schema.field(c) for c in wanted), snapshot.tail.schema.field(TOMBSTONE_COLUMN)]
+        )
+        rows = generation_rows(generation, shape, filter=where)
         if rows.num_rows:
             return live_rows(rows.slice(rows.num_rows - 1))
     return snapshot.dataset.to_table(columns=wanted, filter=where)

@@ -525,7 +525,13 @@ def _stage_one_file(
 def _validate_file(table: LsmTable, read: LandingRows) -> ValidatedChanges:
     """The file's parsed rows validated; a batch-level problem rejects every row with its reason."""
     try:
-        return validate_changes(read.table, table.schema, table.primary_key, reject_unknown_columns=True)
+        return validate_changes(
+            read.table,
+            table.schema,
+            table.primary_key,
+            reject_unknown_columns=True,
+            optional_columns=table.added_columns,
+        )
     except InvalidChangesError as exc:
         if exc.problem is None or not read.table.num_rows:
             raise
