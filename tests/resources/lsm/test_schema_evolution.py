@@ -116,7 +116,7 @@ def test_only_nullable_unreserved_columns_of_a_new_or_equal_type_are_added(make_
 @pytest.mark.parametrize("kill_after", ["fenced", "flushed", "merged", "evolved"])
 def test_sigkill_between_steps_then_rerun_completes_with_every_row_once(make_table, kill_after):
     table = make_table()
-    table.write(items(list(range(0, 50)), "parent"))
+    table.write(items(list(range(50)), "parent"))
     table.close()
     child = subprocess.run(
         [sys.executable, "-m", "tests.resources.lsm.evolve_child", table.uri, kill_after, "40", "30"],
@@ -125,7 +125,7 @@ def test_sigkill_between_steps_then_rerun_completes_with_every_row_once(make_tab
         timeout=300,
     )
     assert child.returncode == -9 and "ack" in child.stdout, child.stderr
-    expected = {k: ("parent", None) for k in range(40)} | {k: ("child", None) for k in range(40, 70)}
+    expected = dict.fromkeys(range(40), ("parent", None)) | dict.fromkeys(range(40, 70), ("child", None))
     crashed = LsmTable.open(table.uri)
     assert view(crashed) == expected  # every acknowledged row exactly once, whatever step died
     assert ("note" in crashed.schema.names) == (kill_after == "evolved")
