@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -74,8 +74,12 @@ class CdcFormat:
         Generic: op values that mean upsert; empty means every value not in
         ``delete_values``. With it, other values reject their row.
     order_columns
-        Generic: columns ordering the changes (compared as a tuple, kept in
-        the changes); empty means record order.
+        Generic: columns ordering the changes (compared as a tuple); empty
+        means record order. They stay in the changes (they may be table
+        columns, such as ``updated_at``) unless listed in ``drop_columns``.
+    drop_columns
+        Generic: the CDC tool's own columns (commit ids, positions...),
+        dropped from the changes, so they do not count as unknown columns.
     """
 
     kind: Literal["debezium", "generic"] = "debezium"
@@ -84,6 +88,7 @@ class CdcFormat:
     delete_values: tuple[str, ...] = ("d", "D", "delete", "DELETE")
     upsert_values: tuple[str, ...] = ()
     order_columns: tuple[str, ...] = ()
+    drop_columns: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("debezium", "generic"):
@@ -206,7 +211,7 @@ def _generic(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
         if change is None:
             rejections.append(Rejection(number, reason or "empty record"))
             continue
-        order = tuple(change.get(c) for c in fmt.order_columns)
+        order = tuple(cast("_Record", record).get(c) for c in fmt.order_columns)
         if any(v is None for v in order):
             rejections.append(Rejection(number, f"ordering columns {list(fmt.order_columns)} hold a null"))
             continue
@@ -227,7 +232,7 @@ def _generic_change(record: object, fmt: CdcFormat) -> tuple[_Record | None, str
         kind = UPSERT
     else:
         return None, f"{fmt.op_column}={op!r} is not a delete {list(fmt.delete_values)} or upsert value"
-    change = {k: v for k, v in record.items() if k != fmt.op_column}
+    change = {k: v for k, v in record.items() if k != fmt.op_column and k not in fmt.drop_columns}
     return {**change, OP_COLUMN: kind}, None
 
 

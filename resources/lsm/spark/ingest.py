@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidChangesError, Rejection
-from ..format.schema import SEQ_COLUMN
+from ..format.schema import CHANGE_COLUMNS, SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
     STAGING_DIR,
@@ -139,6 +139,8 @@ class IngestReport(ShardTotals):
     per_file: dict[str, tuple[int, int]] = field(default_factory=dict)
     files_rejected: dict[str, str] = field(default_factory=dict)
     scan: LandingScan = field(default_factory=lambda: LandingScan([]))
+    columns_added: tuple[str, ...] = ()
+    """Columns ``auto_evolve`` added to the table for these files."""
 
     @property
     def rows_written(self) -> int:
@@ -275,6 +277,7 @@ def ingest_landing_files(
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started, scan=scan, quarantine_path=quarantine_path)
 
+    added = _evolve_for(spark, table, files, policy) if policy.auto_evolve else []
     counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
     staging = f"{STAGING_DIR}/run={run_id}-{call}"  # one per call, even in a long run
     try:
@@ -306,7 +309,49 @@ def ingest_landing_files(
         per_file={f.name: per_file[f.order][:2] for f in files},
         files_rejected={f.name: reason for f in files if (reason := per_file[f.order][2]) is not None},
         scan=scan,
+        columns_added=tuple(added),
     )
+
+
+def _evolve_for(spark: SparkSession, table: LsmTable, files: list[LandingFile], policy: LandingPolicy) -> list[str]:
+    """Add the columns ``files`` hold and the table lacks (``auto_evolve``); return the names added.
+
+    One Spark pass reads every file for its columns (so ``auto_evolve`` reads
+    each file twice). A column takes the type of the first file (in file
+    order) that has values in it; a later file whose values do not cast to it
+    has those rows rejected as usual. Columns only ever null are not added.
+    """
+    listing = [(f.order, f.name, f.path) for f in files]
+    known, options = set(table.schema.names), table.storage_options
+    found = (
+        spark.sparkContext.parallelize(listing, min(len(listing), spark.sparkContext.defaultParallelism))
+        .map(lambda item: (item[0], _new_columns(item[1], item[2], known, policy, options)))
+        .collect()
+    )
+    fields: dict[str, pa.Field] = {}
+    for _, columns in sorted(found, key=lambda item: item[0]):
+        for column in columns:
+            fields.setdefault(column.name, column)
+    # Write tasks re-open the table, so they see the new columns.
+    return table.add_columns(list(fields.values())) if fields else []
+
+
+def _new_columns(
+    name: str, path: str, known: set[str], policy: LandingPolicy, storage_options: StorageOptions | None
+) -> list[pa.Field]:
+    """The columns of one landing file that are not in ``known``, with the types read (runs in a Spark task).
+
+    A file that cannot be read has none (it is quarantined when staged).
+    """
+    try:
+        read = read_landing_file(path, policy.csv_null_markers, storage_options, policy.cdc_format(name))
+    except UnreadableFileError:
+        return []
+    return [
+        pa.field(column, read.table.schema.field(column).type)
+        for column in read.table.column_names
+        if column not in known and column not in CHANGE_COLUMNS and not pa.types.is_null(read.table[column].type)
+    ]
 
 
 def _quarantine_path(quarantine_dir: str, run_id: str) -> str:
