@@ -134,3 +134,20 @@ def test_sigkill_between_steps_then_rerun_completes_with_every_row_once(make_tab
     assert view(crashed) == expected | {70: ("after", "n70")}
     assert crashed.lookup([45])["note"].to_pylist() == [None]
     crashed.close()
+
+
+def test_a_merge_by_an_object_opened_before_the_change_keeps_the_new_column(make_table):
+    table = make_table()
+    stale = LsmTable.open(table.uri)  # opened on the old schema
+    table.add_columns(NOTE)
+    table.write(items([1, 2], "new", note=["n1", "n2"]))
+    table.close()  # a generation of the new shape
+    table.write(items([3], "tail", note=["n3"]))
+    table.detach_writers()  # and a WAL tail of the new shape
+    # The stale object reads its own columns, and may filter on the new one (the pinned base has it).
+    assert stale.read().column_names == ["id", "name", "price"]
+    assert sorted(stale.read(filter="note IN ('n1', 'n3')")["id"].to_pylist()) == [1, 3]
+    stale.flush()
+    stale.compact()
+    assert all(s.pending_generations == () for s in table.shards())
+    assert view(LsmTable.open(table.uri)) == {1: ("new", "n1"), 2: ("new", "n2"), 3: ("tail", "n3")}
