@@ -37,6 +37,7 @@ strings, timestamps).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -127,7 +128,12 @@ def to_changes(rows: pa.Table, fmt: CdcFormat) -> CdcChanges:
 
 
 def records_to_changes(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
-    """:func:`to_changes` for Python records (parsed JSON lines; ``None`` is a tombstone)."""
+    """:func:`to_changes` for Python records (parsed JSON lines; ``None`` is a tombstone).
+
+    A Debezium record or its ``key``/``value`` may also be JSON text (a Kafka
+    message read as a string or binary column); text that does not parse
+    rejects its record.
+    """
     if fmt.kind == "debezium":
         return _debezium(records, fmt.order_by)
     return _generic(records, fmt)
@@ -154,7 +160,10 @@ def _debezium(records: Sequence[object], order_by: str) -> CdcChanges:
 
 def _debezium_change(record: object, order_by: str) -> tuple[_Record | None, object, str | None]:
     """One record's change (``None`` for a keyless tombstone), its ordering value, or why it is malformed."""
-    key, envelope = _unwrap(record)
+    try:
+        key, envelope = _unwrap(record)
+    except ValueError as exc:  # JSON text that does not parse
+        return None, None, f"Debezium record is not valid JSON: {exc}"
     if envelope is None:
         if key is None:
             return None, None, None
@@ -188,7 +197,15 @@ def _unwrap(record: object) -> tuple[_Record | None, object]:
 
 
 def _unwrap_payload(value: object) -> object:
-    """The ``payload`` of a ``{"schema", "payload"}`` wrapper, or ``value`` itself."""
+    """The ``payload`` of a ``{"schema", "payload"}`` wrapper, or ``value`` itself; JSON text is parsed first.
+
+    Raises
+    ------
+    ValueError
+        If ``value`` is text (a Kafka message as a string or bytes column) that is not JSON.
+    """
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value)
     if isinstance(value, dict) and "payload" in value and "op" not in value:
         return value["payload"]
     return value

@@ -152,3 +152,15 @@ def test_debezium_json_lines_file_keeps_file_rows_and_line_text(tmp_path):
     assert [(r.row, r.text) for r in read.rejections] == [(3, "{broken"), (4, lines[4])]
     assert [read.file_row(i) for i in range(read.table.num_rows)] == [0, 5]
     assert read.table["name"].to_pylist() == ["a", "c"]
+
+
+def test_kafka_messages_as_json_text_columns_decode_and_bad_text_is_rejected():
+    messages = pa.table(
+        {
+            "key": [json.dumps({"id": 1}), json.dumps({"id": 2}), None],
+            "value": [json.dumps({"schema": {}, "payload": envelope("c", 1, None, item(1, "kafka"))}), None, "{oops"],
+        }
+    )
+    mapped = to_changes(messages, DEBEZIUM)
+    assert [(r["id"], r["_op"]) for r in mapped.changes.to_pylist()] == [(1, "upsert"), (2, "delete")]
+    assert [r.row for r in mapped.rejections] == [2] and "not valid JSON" in mapped.rejections[0].reason
