@@ -15,6 +15,7 @@ from tests.helpers import rows_by_key
 from tests.resources.lsm.evolve_child import NEW_COLUMN
 
 NOTE = pa.field("note", pa.string())
+ITEMS = pa.schema([("id", pa.int64()), ("name", pa.string()), ("price", pa.float64())])
 
 
 def items(ids: list[int], name: str, **extra: list[object]) -> pa.Table:
@@ -151,3 +152,17 @@ def test_a_merge_by_an_object_opened_before_the_change_keeps_the_new_column(make
     stale.compact()
     assert all(s.pending_generations == () for s in table.shards())
     assert view(LsmTable.open(table.uri)) == {1: ("new", "n1"), 2: ("new", "n2"), 3: ("tail", "n3")}
+
+
+def test_lookups_on_s3_null_fill_generations_written_before_the_change(s3_root, s3_server):
+    # With storage options, lookups search generations themselves instead of Lance's planner.
+    options = s3_server.storage_options()
+    table = LsmTable.create(f"{s3_root}/table.lance", ITEMS, ["id"], num_shards=2, storage_options=options)
+    table.write(items([1, 2], "generation"))
+    table.close()
+    table.dataset().add_columns(NOTE.with_metadata({ADDED_COLUMN_METADATA: b"true"}))
+    evolved = LsmTable.open(table.uri, storage_options=options)
+    evolved.write(items([2], "tail", note=["n2"]))
+    found = evolved.lookup([1, 2])
+    assert dict(zip(found["id"].to_pylist(), found["note"].to_pylist(), strict=True)) == {1: None, 2: "n2"}
+    evolved.close()
