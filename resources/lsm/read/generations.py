@@ -41,7 +41,7 @@ def open_generation(
 
 
 def generation_rows(
-    generation: lance.LanceDataset, columns: pa.Schema, filter: pc.Expression | None = None
+    generation: lance.LanceDataset, columns: pa.Schema, filter: str | pc.Expression | None = None
 ) -> pa.Table:
     """Every live row of ``generation`` in write order, cast to ``columns``.
 
@@ -50,7 +50,7 @@ def generation_rows(
     behind a deletion vector, which the scan honours). ``columns`` usually
     includes ``_tombstone`` (``True`` marks a delete). Columns added to the
     table after the generation was flushed are null (see :func:`conform`);
-    ``filter`` may name only the generation's own columns.
+    ``filter`` (Lance SQL or an Arrow expression) may name only the generation's own columns.
     """
     present = [name for name in columns.names if name in generation.schema.names]
     return conform(generation.to_table(columns=present, filter=filter, scan_in_order=True), columns)
