@@ -120,3 +120,20 @@ def test_unknown_columns_are_refused_unless_auto_evolve_adds_them(spark, make_ta
     evolved = LsmTable.open(table.uri)
     assert evolved.schema.field("note").type == pa.string()
     assert view(evolved) == {1: ("no note", None), 3: ("new", "n3")}
+
+
+def test_auto_evolve_in_continuous_mode_evolves_through_the_open_writers(spark, make_table, tmp_path):
+    table = make_table()
+    table.claim()  # a continuous run's writers, open across micro-batches
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    pq.write_table(pa.table({"id": [1], "name": ["plain"], "price": [1.0]}), landing / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "name": ["wide"], "price": [2.0], "note": ["n2"]}), landing / "b.parquet")
+    policy = LandingPolicy(auto_evolve=True)
+    report = ingest_landing_files(
+        spark, table.uri, str(landing), str(tmp_path / "q"), "cont", writers=table, policy=policy
+    )
+    assert report.columns_added == ("note",) and report.rows_quarantined == 0
+    assert table.schema.names[-1] == "note"
+    table.write(pa.table({"id": pa.array([3], pa.int64()), "name": ["direct"], "price": [3.0], "note": ["n3"]}))
+    assert view(table) == {1: ("plain", None), 2: ("wide", "n2"), 3: ("direct", "n3")}
