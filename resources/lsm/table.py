@@ -375,7 +375,7 @@ class LsmTable:
 
         Afterwards every read returns them (null for rows written before) and
         writes may carry them; an upsert without them writes null. The
-        procedure (see docs/architecture.md, "Schema evolution"), each step
+        procedure (docs/architecture.md §7), each step
         named to ``on_step`` once done:
 
         1. ``fenced``: claim every shard, so writers opened before the change stop;
