@@ -2,7 +2,8 @@
 
 ``ingest_job``, ``flush_job``, ``merge_job``, ``gc_job``, ``quality_job`` and
 ``demo_job`` (the end-to-end pipeline of the README quick start) run from the
-CLI with only the environment defaults::
+CLI with only the environment defaults (``add_columns_job`` needs its
+``columns`` config)::
 
     dagster job execute -m definitions -j merge_job
 
@@ -18,7 +19,7 @@ from dagster import AssetSelection, define_asset_job, in_process_executor, job
 
 from lsm_assets.checks import all_checks
 from lsm_assets.live_writers import WRITER_TAGS
-from lsm_assets.ops import ingest_continuously
+from lsm_assets.ops import add_table_columns, ingest_continuously
 
 MAINTENANCE_TAG = "lsm/maintenance"
 
@@ -44,6 +45,16 @@ ingest_job = define_asset_job(
 )
 def continuous_ingest_job() -> None:
     ingest_continuously()
+
+
+@job(
+    tags=WRITER_TAGS,
+    executor_def=in_process_executor,
+    description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
+    "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
+)
+def add_columns_job() -> None:
+    add_table_columns()
 
 
 flush_job = define_asset_job(
@@ -104,4 +115,13 @@ demo_job = define_asset_job(
     "the merged view.",
 )
 
-all_jobs = [ingest_job, continuous_ingest_job, flush_job, merge_job, gc_job, quality_job, demo_job]
+all_jobs = [
+    ingest_job,
+    continuous_ingest_job,
+    add_columns_job,
+    flush_job,
+    merge_job,
+    gc_job,
+    quality_job,
+    demo_job,
+]

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from resources.lsm import LsmTable
+    from resources.lsm.ingest.cdc import CdcFormat
     from resources.lsm.ingest.landing import LandingPolicy
     from resources.lsm.spark.ingest import IngestReport
 
@@ -29,6 +30,41 @@ class LandingChangesConfig(Config):
     malformed_rows: int = Field(default=0, description="Rows per file that ingestion must quarantine.")
     file_format: str = Field(default="parquet", description="parquet, jsonl or csv.")
     seed: int = Field(default=7, description="Random seed.")
+
+
+class CdcFormatConfig(Config):
+    """Landing files holding CDC records (see ``resources/lsm/ingest/cdc.py``)."""
+
+    suffix: str = Field(
+        default="", description="File-name suffix these files end with; '' for every file of the landing directory."
+    )
+    kind: str = Field(default="debezium", description="'debezium' (envelopes) or 'generic' (flat rows).")
+    order_by: str = Field(
+        default="source.lsn", description="Debezium: dotted path ordering the changes (source.lsn, ts_ms...)."
+    )
+    op_column: str = Field(default="op", description="Generic: the column holding the operation.")
+    delete_values: list[str] = Field(
+        default=["d", "D", "delete", "DELETE"], description="Generic: op values meaning delete."
+    )
+    upsert_values: list[str] = Field(
+        default=[], description="Generic: op values meaning upsert (empty: every other value)."
+    )
+    order_columns: list[str] = Field(default=[], description="Generic: columns ordering the changes.")
+    drop_columns: list[str] = Field(default=[], description="Generic: the CDC tool's own columns, dropped.")
+
+    def cdc_format(self) -> "tuple[str, CdcFormat]":
+        from resources.lsm.ingest.cdc import CdcFormat
+
+        fmt = CdcFormat(
+            self.kind,  # type: ignore[arg-type]  # checked by CdcFormat
+            self.order_by,
+            self.op_column,
+            tuple(self.delete_values),
+            tuple(self.upsert_values),
+            tuple(self.order_columns),
+            tuple(self.drop_columns),
+        )
+        return self.suffix, fmt
 
 
 class IngestConfig(Config):
@@ -69,6 +105,17 @@ class IngestConfig(Config):
         default=30.0,
         description="A CSV/JSONL file not ending with a newline is taken once unmodified this long.",
     )
+    cdc_formats: list[CdcFormatConfig] = Field(
+        default=[],
+        description="Landing files of CDC records (Debezium, generic), by file-name suffix ('' = all files).",
+    )
+    auto_evolve: bool = Field(
+        default=False,
+        description=(
+            "Add columns landing files hold and the table lacks (nullable; fences writers, flushes and merges "
+            "first) instead of quarantining the rows that hold values in them."
+        ),
+    )
 
     def backpressure_policy(self) -> BackpressurePolicy:
         if self.backpressure not in ("wait", "fail"):
@@ -80,7 +127,13 @@ class IngestConfig(Config):
 
         if self.changed_files not in ("skip", "ingest"):
             raise ValueError(f"changed_files must be 'skip' or 'ingest', not {self.changed_files!r}")
-        return LandingPolicy(tuple(self.csv_null_markers), self.changed_files, self.settle_seconds)  # type: ignore[arg-type]
+        return LandingPolicy(
+            tuple(self.csv_null_markers),
+            self.changed_files,  # type: ignore[arg-type]
+            self.settle_seconds,
+            tuple(c.cdc_format() for c in self.cdc_formats),
+            self.auto_evolve,
+        )
 
 
 def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) -> dict[str, Any]:
@@ -150,6 +203,9 @@ def ingest(
     for problem in problems.values():
         context.log.warning(problem)
     metadata = {"files": 0, **_problem_metadata(report)}
+    if report.columns_added:
+        context.log.warning(f"auto_evolve added columns {list(report.columns_added)} to the table")
+        metadata["columns_added"] = MetadataValue.json(list(report.columns_added))
     if report.quarantine_path:
         metadata["quarantine_path"] = MetadataValue.path(report.quarantine_path)
     if not report.files:

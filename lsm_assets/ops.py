@@ -1,17 +1,19 @@
 """Ops: steps that are not the materialization of one asset.
 
 ``ingest_continuously`` runs for as long as its run does, recording each
-micro-batch as a materialization of ``ingested_changes``.
+micro-batch as a materialization of ``ingested_changes``. ``add_table_columns``
+adds nullable columns to the live table (schema evolution).
 """
 
 import time
 
-from dagster import AssetMaterialization, OpExecutionContext, op
+from dagster import AssetMaterialization, AssetObservation, Config, MetadataValue, OpExecutionContext, op
 from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
+from resources.table_resource import LsmTableResource
 
 from .ingestion import IngestConfig, ingest, ingested_changes
 
@@ -57,3 +59,35 @@ def ingest_continuously(
         context.log.info(f"stop requested after {batches} micro-batches; closing writers")
         return
     context.log.info(f"idle for {idle} polls after {batches} micro-batches; closing writers")
+
+
+class AddColumnsConfig(Config):
+    columns: dict[str, str] = Field(
+        description="New columns: name → Arrow type name (string, int64, double, bool, date32, timestamp[us], ...)."
+    )
+
+
+@op
+def add_table_columns(context: OpExecutionContext, config: AddColumnsConfig, lsm_table: LsmTableResource) -> None:
+    """Add nullable columns to the live table; afterwards writes may carry them and every reader returns them.
+
+    Runs ``LsmTable.add_columns``: fence every shard's writer, flush, merge
+    into the base, add the columns to the base, reopen. Each step is logged.
+    A run that fails or dies midway leaves a table a re-run completes (columns
+    already added are skipped), so retrying the run is always safe.
+    """
+    import pyarrow as pa
+
+    fields = [pa.field(name, pa.type_for_alias(type_name)) for name, type_name in config.columns.items()]
+    table = lsm_table.open()
+    try:
+        added = table.add_columns(fields, on_step=lambda step: context.log.info(f"add_columns: {step}"))
+    finally:
+        table.close()
+    context.log.info(f"added {added or 'no'} columns; the table's columns are {table.schema.names}")
+    context.log_event(
+        AssetObservation(
+            asset_key=ingested_changes.key,
+            metadata={"columns_added": MetadataValue.json(added), "schema": MetadataValue.json(table.schema.names)},
+        )
+    )

@@ -119,3 +119,22 @@ def test_demo_job_runs_end_to_end_from_the_cli(tmp_path):
     # Merged into the base and collected: nothing pending, the base alone holds the view.
     assert all(not s.pending_generations and not s.unflushed_wal_entries for s in table.shards())
     assert table.dataset().count_rows() == len(oracle)
+
+
+def test_add_columns_job_runs_from_the_cli_with_its_config(tmp_path):
+    table = LsmTable.create(str(tmp_path / "table.lance"), EVENTS_SCHEMA, ["id"], num_shards=2)
+    batches = list(generate_changes(ChangeStreamSpec(num_keys=100, num_batches=2, batch_size=80, seed=3)))
+    for batch in batches:
+        table.write(batch)
+    table.detach_writers()  # the job fences, flushes and merges these WAL-only rows first
+    config = tmp_path / "config.yaml"
+    config.write_text("ops:\n  add_table_columns:\n    config:\n      columns:\n        channel: string\n")
+    (tmp_path / "dagster_home").mkdir()
+    output = run_cli_job(
+        "add_columns_job", {"LSM_TABLE_URI": table.uri, "DAGSTER_HOME": str(tmp_path / "dagster_home")}, config
+    )
+    assert "add_columns: evolved" in output
+    evolved = LsmTable.open(table.uri)
+    assert evolved.schema.names[-1] == "channel"
+    view = {k[0]: v for k, v in rows_by_key(evolved.read()).items()}
+    assert view == {k: {**v, "channel": None} for k, v in replay(batches).items()}

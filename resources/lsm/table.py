@@ -24,7 +24,16 @@ from lance.mem_wal import ShardWriter
 from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
 from .format.compaction_marker import read_compacted_generations
 from .format.routing import ShardRouter, shard_ids_for
-from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
+from .format.schema import (
+    ADDED_COLUMN_METADATA,
+    CHANGE_COLUMNS,
+    INTERNAL_COLUMNS,
+    OP_COLUMN,
+    SEQ_COLUMN,
+    conform,
+    empty_tail,
+    with_primary_key,
+)
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .maintenance import compaction
@@ -140,6 +149,7 @@ class LsmTable:
         self.primary_key: list[str] = json.loads(config[_CONFIG_PRIMARY_KEY])
         self.shard_ids: list[str] = json.loads(config[_CONFIG_SHARD_IDS])
         self.schema: pa.Schema = dataset.schema
+        """The columns this object writes and reads by default (as opened; :meth:`add_columns` updates it)."""
         self.writer_config: dict[str, Any] = dict(details.get("writer_config_defaults") or {})
         self.storage = TableStorage(uri, storage_options)
         # Caches of one Lance session: a base lookup through a warm index cache
@@ -149,6 +159,8 @@ class LsmTable:
         self._runs = PendingRuns(self.storage)
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
+        # The base schema each writer was opened on: Lance binds a writer to it.
+        self._writer_schemas: dict[str, pa.Schema] = {}
         self._generation_filters = GenerationFilters(
             uri, self.storage, [self.schema.field(k) for k in self.primary_key], storage_options
         )
@@ -278,7 +290,7 @@ class LsmTable:
             keep their rows; the call can be retried (writes are idempotent
             upserts/deletes).
         """
-        validated = validate_changes(data, self.schema, self.primary_key)
+        validated = validate_changes(data, self.schema, self.primary_key, optional_columns=self.added_columns)
         if validated.rejections:
             raise InvalidChangesError(validated.rejections, validated.valid.num_rows + len(validated.rejections))
         return self.write_validated(validated.valid)
@@ -354,6 +366,60 @@ class LsmTable:
         Claiming fences any other writer of those shards.
         """
         self._for_each_shard(self._writer, shard_ids if shard_ids is not None else self.shard_ids)
+
+    @property
+    def added_columns(self) -> frozenset[str]:
+        """Columns added to the live table by :meth:`add_columns`: an upsert may leave them out (null)."""
+        return frozenset(f.name for f in self.schema if (f.metadata or {}).get(ADDED_COLUMN_METADATA) == b"true")
+
+    def add_columns(
+        self, fields: pa.Field | Sequence[pa.Field], *, on_step: Callable[[str], None] | None = None
+    ) -> list[str]:
+        """Add nullable columns to the live table; return the names it added (none on a re-run).
+
+        Afterwards every read returns them (null for rows written before) and
+        writes may carry them; an upsert without them writes null. The
+        procedure (docs/architecture.md §7), each step
+        named to ``on_step`` once done:
+
+        1. ``fenced``: claim every shard, so writers opened before the change stop;
+        2. ``flushed``: flush every MemTable and WAL tail into generations;
+        3. ``merged``: merge every generation into the base;
+        4. ``evolved``: add the columns to the base, in one metadata-only
+           commit (Lance's ``add_columns``), marked as added;
+        5. ``reopened``: this object reads and writes the new schema.
+
+        Readers are correct after any step, even if a writer opened before the
+        change keeps writing (a pylance 14.0.2 writer keeps the schema it was
+        opened with; its rows read as null in the new columns). A crash at any
+        point leaves a table a re-run completes; columns already there with
+        the same type are not added again.
+
+        Raises
+        ------
+        ValueError
+            If a field is not nullable, reuses a reserved name, or names an
+            existing column with another type.
+        WriterFencedError
+            If another writer claimed a shard during the procedure (re-run it).
+        """
+        wanted = [fields] if isinstance(fields, pa.Field) else list(fields)
+        _check_new_columns(self.dataset().schema, wanted)
+        step = on_step or (lambda name: None)
+        self.claim()
+        step("fenced")
+        self.flush()
+        step("flushed")
+        self.compact()
+        step("merged")
+        dataset = self.dataset()
+        missing = [_as_added(f) for f in wanted if f.name not in dataset.schema.names]
+        if missing:
+            dataset.add_columns(missing)
+        step("evolved")
+        self.schema = self.dataset().schema
+        step("reopened")
+        return [f.name for f in missing]
 
     def writer_stats(self) -> dict[str, dict[str, Any]]:
         """``ShardWriter.stats()`` of every writer this object holds open, by shard."""
@@ -649,11 +715,12 @@ class LsmTable:
         dataset = self.dataset() if dataset is None else dataset
         states = self.shard_states(dataset, shard_ids, for_read=True)
         tails = [
-            read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, self.schema, self.primary_key)
+            read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, dataset.schema, self.primary_key)
             for s in states
             if fresh and s.unflushed_wal_entries
         ]
-        tail = pa.concat_tables(tails) if tails else empty_tail(self.schema)
+        # The pinned base's schema: it may have columns added after this object was opened.
+        tail = pa.concat_tables(tails) if tails else empty_tail(dataset.schema)
         return merged_read.ReadSnapshot(
             dataset,
             tuple(states),
@@ -691,6 +758,9 @@ class LsmTable:
     def _put_resolved(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
         """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts."""
         writer = self._writer(shard_id)
+        if upserts is not None and upserts.schema.names != self._writer_schemas[shard_id].names:
+            # Columns were added since these rows were validated: the writer wants them (null).
+            upserts = conform(upserts, self._writer_schemas[shard_id])
         with self._fencing_as_error(shard_id):
             for chunk in _slices(upserts, self.max_rows_per_put):
                 writer.put(chunk)
@@ -716,8 +786,11 @@ class LsmTable:
         WriterFencedError
             If another writer claimed the shard while this one was opening.
         """
+        dataset = self.dataset()
         with self._fencing_as_error(shard_id):
-            return self.dataset().mem_wal_writer(shard_id, **self._recorded_writer_settings())
+            writer = dataset.mem_wal_writer(shard_id, **self._recorded_writer_settings())
+        self._writer_schemas[shard_id] = dataset.schema
+        return writer
 
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
@@ -780,3 +853,19 @@ def _slices(rows: pa.Table | None, size: int) -> Iterator[pa.Table]:
         return
     for offset in range(0, rows.num_rows, size):
         yield rows.slice(offset, size)
+
+
+def _check_new_columns(schema: pa.Schema, fields: list[pa.Field]) -> None:
+    """Raise ``ValueError`` unless every field can be added to a table of ``schema`` (or is there already)."""
+    for f in fields:
+        if not f.nullable:
+            raise ValueError(f"column {f.name!r} must be nullable: rows written before it was added have no value")
+        if f.name in CHANGE_COLUMNS or f.name in INTERNAL_COLUMNS:
+            raise ValueError(f"column name {f.name!r} is reserved for change streams")
+        if f.name in schema.names and not schema.field(f.name).type.equals(f.type):
+            raise ValueError(f"column {f.name!r} exists with type {schema.field(f.name).type}, not {f.type}")
+
+
+def _as_added(field: pa.Field) -> pa.Field:
+    """``field`` marked as added to a live table (writes may leave it out)."""
+    return field.with_metadata({**(field.metadata or {}), ADDED_COLUMN_METADATA: b"true"})

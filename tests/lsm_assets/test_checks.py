@@ -282,3 +282,15 @@ def test_the_drill_checks_defaults_are_the_drills_own():
         DrillConfig.batch_size,
         DrillConfig.batches_per_generation,
     )
+
+
+def test_levels_written_before_an_added_column_still_conform(make_table):
+    from resources.lsm.format.schema import ADDED_COLUMN_METADATA
+
+    table = history(make_table)  # merged, pending and WAL-only changes, all of the old schema
+    # The base gains a column without draining: what a writer opened before the change leaves behind.
+    table.dataset().add_columns(pa.field("channel", pa.string(), metadata={ADDED_COLUMN_METADATA: b"true"}))
+    results = evaluations(table, [schema_conforms, shards_recoverable])
+    assert results["schema_conforms"].passed, results["schema_conforms"].metadata
+    assert results["shards_recoverable"].passed
+    assert results["schema_conforms"].metadata["columns"].value[-1] == "channel"

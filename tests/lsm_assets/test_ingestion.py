@@ -157,3 +157,37 @@ def test_continuous_job_from_the_cli_stops_cleanly_on_interrupt(locations):
     assert _view(uri) == replay(batches)
     shards = LsmTable.open(uri).shards()
     assert all(s.unflushed_wal_entries == 0 for s in shards)
+
+
+def test_ingest_run_takes_debezium_files_and_auto_evolves_the_table(spark, locations):
+    import json
+
+    landing = locations / "landing"
+    landing.mkdir()
+
+    def change(op: str, lsn: int, key: int, **extra: object) -> str:
+        row = {"id": key, "customer": f"c{key}", "amount": float(key), "status": "new", **extra}
+        before, after = (row, None) if op == "d" else (None, row)
+        return json.dumps(
+            {"schema": {}, "payload": {"op": op, "before": before, "after": after, "source": {"lsn": lsn}}}
+        )
+
+    (landing / "a.dbz.jsonl").write_text(
+        "\n".join([change("c", 1, 1), change("c", 2, 2), change("d", 3, 1), "null", change("m", 4, 9)]) + "\n"
+    )
+    (landing / "b.dbz.jsonl").write_text(change("u", 5, 2, channel="web") + "\n")
+    config = {
+        "cdc_formats": [{"suffix": ".dbz.jsonl", "kind": "debezium", "order_by": "source.lsn"}],
+        "auto_evolve": True,
+    }
+    result = materialize(
+        [ingested_changes],
+        resources=_resources(spark, locations),
+        run_config={"ops": {"ingested_changes": {"config": config}}},
+    )
+    assert result.success
+    metadata = result.asset_materializations_for_node("ingested_changes")[0].metadata
+    assert metadata["files"].value == 2 and metadata["rows_quarantined"].value == 1
+    assert metadata["columns_added"].value == ["channel"]
+    view = _view(str(locations / "table.lance"))
+    assert {k: (r["customer"], r["channel"]) for k, r in view.items()} == {2: ("c2", "web")}

@@ -12,6 +12,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 PRIMARY_KEY_METADATA = b"lance-schema:unenforced-primary-key"
+ADDED_COLUMN_METADATA = b"lsm:added-column"
+"""Field metadata (``"true"``) of a column added to a live table: upserts may leave it out."""
 
 OP_COLUMN = "_op"
 """Optional change column: ``'upsert'`` (default) or ``'delete'``."""
@@ -84,3 +86,26 @@ def live_rows(changes: pa.Table) -> pa.Table:
 def empty_tail(schema: pa.Schema) -> pa.Table:
     """An empty table of ``schema`` plus ``_tombstone``: the shape of a WAL tail."""
     return schema.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False)).empty_table()
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` with exactly the columns of ``schema``, in its order and types.
+
+    Columns ``schema`` has and ``rows`` lacks are filled with nulls: they
+    were added to the table (:meth:`LsmTable.add_columns`) after the rows
+    were written, so every reader returns null for older rows. Columns
+    ``rows`` has and ``schema`` lacks are dropped (a reader of an older
+    schema).
+
+    Raises
+    ------
+    ValueError
+        If a missing column is not nullable (only nullable columns are ever added).
+    """
+    missing = [f for f in schema if f.name not in rows.column_names]
+    refused = [f.name for f in missing if not f.nullable]
+    if refused:
+        raise ValueError(f"rows lack the non-nullable columns {refused}")
+    for f in missing:
+        rows = rows.append_column(f.name, pa.nulls(rows.num_rows, f.type))
+    return rows.select(schema.names).cast(schema)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from ..format.storage import StorageOptions, TableStorage, filesystem, join
 from ..write.changes import loose_column
+from .cdc import CdcFormat, records_to_changes, to_changes
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LEDGER_DIR = "_lsm_ingest/files"
@@ -67,11 +68,27 @@ class LandingPolicy:
     settle_seconds
         A CSV or JSON Lines file that does not end with a newline is taken
         only once unmodified this long (it may still be being written).
+    cdc_formats
+        Landing files holding CDC records instead of rows in the change
+        layout: ``(file-name suffix, format)`` pairs; a file takes the format
+        of the longest suffix its name ends with (``""`` matches every file:
+        the whole directory is in that format). See :mod:`.cdc`.
+    auto_evolve
+        A column the table lacks, found in a landing file, is added to the
+        table (nullable, the type the file gives it) before the file is
+        ingested, instead of rejecting the rows that hold a value in it.
     """
 
     csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS
     changed_files: Literal["skip", "ingest"] = "skip"
     settle_seconds: float = 30.0
+    cdc_formats: tuple[tuple[str, CdcFormat], ...] = ()
+    auto_evolve: bool = False
+
+    def cdc_format(self, name: str) -> CdcFormat | None:
+        """The CDC format of the landing file ``name`` (longest matching suffix), ``None`` for plain changes."""
+        matches = [(len(suffix), fmt) for suffix, fmt in self.cdc_formats if name.endswith(suffix)]
+        return max(matches, key=lambda m: m[0])[1] if matches else None
 
 
 @dataclass(frozen=True)
@@ -205,6 +222,7 @@ def read_landing_file(
     path: str,
     csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS,
     storage_options: StorageOptions | None = None,
+    cdc: CdcFormat | None = None,
 ) -> LandingRows:
     """Read a change file as-is (values are cast and validated later).
 
@@ -212,6 +230,10 @@ def read_landing_file(
     the file; only ``csv_null_markers`` (unquoted) are null. A CSV or JSON
     Lines line that cannot be parsed (wrong field count, not UTF-8, not a
     JSON object) is returned as a :class:`LineRejection` with its text.
+    With ``cdc``, the file holds CDC records, returned mapped to the change
+    layout (:func:`.cdc.records_to_changes`); a malformed record is a
+    :class:`LineRejection` too, and in JSON Lines a ``null`` line is a
+    tombstone, not a bad line.
 
     Raises
     ------
@@ -226,11 +248,13 @@ def read_landing_file(
         fs, fs_path = filesystem(path, storage_options)
         with fs.open_input_file(fs_path) as source:
             data = source.read_buffer()
+        if kind == "json":
+            return _read_json_lines(data, name, cdc)
         if kind == "parquet":
-            return LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
-        if kind == "csv":
-            return _read_csv(data, csv_null_markers)
-        return _read_json_lines(data, name)
+            read = LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
+        else:
+            read = _read_csv(data, csv_null_markers)
+        return read if cdc is None else _cdc_rows(read, cdc)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
 
@@ -326,29 +350,57 @@ def _as_text(value: bytes | None) -> str:
     return "" if value is None else value.decode("utf-8", errors="backslashreplace")
 
 
-def _read_json_lines(data: pa.Buffer, name: str) -> LandingRows:
-    rows: list[dict[str, object]] = []
+def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None = None) -> LandingRows:
+    records: list[object] = []
     numbers: list[int] = []
+    texts: list[bytes] = []
     rejections: list[LineRejection] = []
     with io.BytesIO(data) as lines:
         for number, raw in enumerate(lines):
             if not raw.strip():
                 continue
-            value, reason = _parse_json_line(raw)
+            value, reason = _parse_json_line(raw, allow_null=cdc is not None)
             if reason is not None:
                 rejections.append(LineRejection(number, reason, _as_text(raw).rstrip("\r\n")))
             else:
-                rows.append(cast("dict[str, object]", value))
+                records.append(value)
                 numbers.append(number)
-    if not rows and rejections:
+                texts.append(raw)
+    if not records and rejections:
         _refuse_single_document(data, name)
+    if cdc is not None:
+        return _cdc_records(records, np.array(numbers, dtype=np.int64), texts, rejections, cdc)
+    rows = cast("list[dict[str, object]]", records)
     columns = sorted({k for row in rows for k in row})
     table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
     return LandingRows(table, rejections, np.array(numbers, dtype=np.int64))
 
 
-def _parse_json_line(raw: bytes) -> tuple[object, str | None]:
-    """A JSON Lines line as an object, or why it is none."""
+def _cdc_records(
+    records: list[object], numbers: np.ndarray, texts: list[bytes], rejections: list[LineRejection], cdc: CdcFormat
+) -> LandingRows:
+    """Parsed JSON Lines records (file rows ``numbers``, raw ``texts``) as changes, bad envelopes rejected."""
+    mapped = records_to_changes(records, cdc)
+    bad = [
+        LineRejection(int(numbers[r.row]), r.reason, _as_text(texts[r.row]).rstrip("\r\n")) for r in mapped.rejections
+    ]
+    return LandingRows(mapped.changes, sorted(rejections + bad, key=lambda r: r.row), numbers[mapped.record_numbers])
+
+
+def _cdc_rows(read: LandingRows, cdc: CdcFormat) -> LandingRows:
+    """Rows of a Parquet or CSV file of CDC records as changes, bad records rejected with their values."""
+    mapped = to_changes(read.table, cdc)
+    records = read.table.take(pa.array([r.row for r in mapped.rejections], pa.int64())).to_pylist()
+    bad = [
+        LineRejection(read.file_row(r.row), r.reason, json.dumps(record, default=str))
+        for r, record in zip(mapped.rejections, records, strict=True)
+    ]
+    rows = np.array([read.file_row(int(i)) for i in mapped.record_numbers], dtype=np.int64)
+    return LandingRows(mapped.changes, sorted(read.rejections + bad, key=lambda r: r.row), rows)
+
+
+def _parse_json_line(raw: bytes, allow_null: bool = False) -> tuple[object, str | None]:
+    """A JSON Lines line as an object (or ``None`` for ``null``, when allowed), or why it is none."""
     try:
         value = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -357,7 +409,7 @@ def _parse_json_line(raw: bytes) -> tuple[object, str | None]:
         return None, f"not valid JSON: {exc.msg}"
     except RecursionError:
         return None, "JSON nested too deeply"
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) and not (allow_null and value is None):
         return None, "line is not a JSON object"
     return value, None
 

@@ -310,7 +310,8 @@ def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]], ma
     larger (a pass always makes progress). Each shard's changes are resolved
     to one per key.
     """
-    columns = empty_tail(table.schema).schema
+    # The latest base's columns: they include any added after ``table`` was opened (older rows get nulls).
+    columns = empty_tail(table.dataset().schema).schema
     passes: list[_ShardPass] = []
     rows = 0
     for shard_id, generations in todo.items():

@@ -119,7 +119,9 @@ def verify_shards(table: LsmTable, buckets: Iterable[int] | None = None) -> list
     # Markers only: a shard's full state would read the WAL entries this check
     # must be able to report as unreadable.
     compacted = read_compacted_generations(table.storage, table.dataset().version)
-    expected = _Expected([(f.name, f.type) for f in empty_tail(table.schema).schema], tuple(table.primary_key))
+    expected = _Expected(
+        [(f.name, f.type) for f in empty_tail(table.schema).schema], tuple(table.primary_key), table.added_columns
+    )
     return [
         _verify_shard(table.storage, table.shard_ids[b], b, compacted.get(table.shard_ids[b], 0), expected)
         for b in (range(table.num_shards) if buckets is None else buckets)
@@ -132,6 +134,13 @@ class _Expected:
 
     columns: list[tuple[str, pa.DataType]]
     primary_key: tuple[str, ...]
+    added: frozenset[str] = frozenset()
+    """Columns added to the live table: levels written before lack them (readers return null)."""
+
+    def conforms(self, columns: list[tuple[str, pa.DataType]]) -> bool:
+        """Whether a level with ``columns`` has the expected ones, in order (added columns may be missing)."""
+        names = {name for name, _ in columns}
+        return columns == [c for c in self.columns if c[0] in names or c[0] not in self.added]
 
 
 class _Collector:
@@ -159,7 +168,7 @@ def _verify_shard(
             "manifest",
             f"readers find manifest version {latest.version if latest else 0} but version {history[-1].version} exists",
         )
-    verified = _verify_generations(storage, shard_id, latest, compacted, expected.columns, found) if latest else 0
+    verified = _verify_generations(storage, shard_id, latest, compacted, expected, found) if latest else 0
     wal_entries, wal_rows = _verify_wal(storage, shard_id, latest, expected, found)
     listed = {path for _, path in (latest.flushed_generations if latest else ())}
     orphans = tuple(d for _, d in list_generation_dirs(storage, shard_id) if d not in listed)
@@ -204,7 +213,7 @@ def _verify_generations(
     shard_id: str,
     manifest: ShardManifest,
     compacted: int,
-    expected: list[tuple[str, pa.DataType]],
+    expected: _Expected,
     found: _Collector,
 ) -> int:
     """Check the listed generations; return how many above the marker verified cleanly."""
@@ -235,7 +244,7 @@ def _verify_generations(
 
 
 def _generation_problem(
-    storage: TableStorage, shard_id: str, path: str, physical_rows: int | None, expected: list[tuple[str, pa.DataType]]
+    storage: TableStorage, shard_id: str, path: str, physical_rows: int | None, expected: _Expected
 ) -> str | None:
     """Why one listed generation cannot be used as recorded, or ``None``."""
     try:
@@ -246,8 +255,8 @@ def _generation_problem(
     if physical_rows is not None and rows != physical_rows:
         return f"holds {rows} physical rows, the manifest records {physical_rows}"
     columns = [(f.name, f.type) for f in dataset.schema]
-    if columns != expected:
-        return f"has columns {_described(columns)}, expected {_described(expected)}"
+    if not expected.conforms(columns):
+        return f"has columns {_described(columns)}, expected {_described(expected.columns)}"
     return None
 
 
@@ -284,7 +293,7 @@ def _verify_wal(
             fence_epoch = max(fence_epoch, entry_epoch)
             continue
         columns = [(f.name, f.type) for f in batch.schema]
-        if batch.num_rows and columns != expected.columns:
+        if batch.num_rows and not expected.conforms(columns):
             found.error(
                 "wal",
                 f"WAL entry {entry.position} has columns {_described(columns)}, "

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import lance
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from ..format.schema import conform
 from ..format.shard_manifest import shard_dir
 from .dedup import keep_last_per_key
 
@@ -38,15 +40,20 @@ def open_generation(
     )
 
 
-def generation_rows(generation: lance.LanceDataset, columns: pa.Schema) -> pa.Table:
+def generation_rows(
+    generation: lance.LanceDataset, columns: pa.Schema, filter: str | pc.Expression | None = None
+) -> pa.Table:
     """Every live row of ``generation`` in write order, cast to ``columns``.
 
     Later rows are newer: the order of a generation's physical rows is the
     order its changes were written (a flush hides a key's older versions
     behind a deletion vector, which the scan honours). ``columns`` usually
-    includes ``_tombstone`` (``True`` marks a delete).
+    includes ``_tombstone`` (``True`` marks a delete). Columns added to the
+    table after the generation was flushed are null (see :func:`conform`);
+    ``filter`` (Lance SQL or an Arrow expression) may name only the generation's own columns.
     """
-    return generation.to_table(columns=columns.names, scan_in_order=True).cast(columns)
+    present = [name for name in columns.names if name in generation.schema.names]
+    return conform(generation.to_table(columns=present, filter=filter, scan_in_order=True), columns)
 
 
 def read_generations(

@@ -48,7 +48,7 @@ from ..format.schema import TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from .deletion_vector import ROW_ADDRESS, DeletionVector, fragment_ids
 from .filter_text import keys_filter
-from .generations import newest_per_key, open_generation, read_generations
+from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
@@ -468,12 +468,12 @@ def _newest_in_generations(
             asked.setdefault(generation, []).append(i)
     levels = []
     for generation in sorted(asked):
-        rows = open_generation(
+        dataset = open_generation(
             snapshot.dataset.uri, shard_id, generation[1], snapshot.storage_options, snapshot.session
         )
         wanted_keys = keys.take(asked[generation])
-        found = rows.to_table(columns=shape.names, filter=keys_filter(wanted_keys, key), scan_in_order=True)
-        levels.append(key_join(found, wanted_keys, key, "left semi").cast(shape))
+        found = generation_rows(dataset, shape, filter=keys_filter(wanted_keys, key))
+        levels.append(key_join(found, wanted_keys, key, "left semi"))
     return newest_per_key(levels, shape, key)
 
 

@@ -44,7 +44,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..format.schema import empty_tail
+from ..format.schema import conform, empty_tail
 from ..format.shard_manifest import shard_dir
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
@@ -120,14 +120,14 @@ def build_run(
     change, not the base).
     """
     shape = empty_tail(dataset.schema).schema.append(pa.field(BASE_ROW_ADDRESS, pa.uint64()))
+    columns = pa.schema(list(shape)[:-1])
     levels, todo = [], shard.pending_generations
     if previous is not None:
         known = previous.base_rows
         if not previous.superseded.holds_in(fragment_ids(dataset)):
             known = pa.nulls(len(known), pa.uint64())
-        levels.append(previous.changes.append_column(BASE_ROW_ADDRESS, known).select(shape.names))
+        levels.append(conform(previous.changes, columns).append_column(BASE_ROW_ADDRESS, known))
         todo = previous.extra_generations(shard)
-    columns = pa.schema(list(shape)[:-1])
     generations = [(shard.shard_id, d) for _, d in todo]
     rows = read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
     levels += [r.append_column(BASE_ROW_ADDRESS, pa.nulls(r.num_rows, pa.uint64())) for r in rows]

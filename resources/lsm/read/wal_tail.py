@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from ..format.schema import empty_tail
+from ..format.schema import conform, empty_tail
 from ..format.shard_manifest import list_wal_entries
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry
@@ -46,7 +46,7 @@ def read_wal_tail(
             continue
         if epoch < fence_epoch or rows.num_rows == 0:
             continue
-        parts.append(rows.select(tail_schema.names).cast(tail_schema))
+        parts.append(conform(rows, tail_schema))  # an entry written before columns were added lacks them
     if not parts:
         return empty_tail(schema)
     return keep_last_per_key(pa.concat_tables(parts), primary_key)

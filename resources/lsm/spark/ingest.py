@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidChangesError, Rejection
-from ..format.schema import SEQ_COLUMN
+from ..format.schema import CHANGE_COLUMNS, SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
     STAGING_DIR,
@@ -65,7 +65,6 @@ from ..ingest.landing import (
     LandingRetention,
     LandingRows,
     LedgerEntry,
-    NullMarkers,
     UnreadableFileError,
     is_complete,
     landing_dir_exists,
@@ -140,6 +139,8 @@ class IngestReport(ShardTotals):
     per_file: dict[str, tuple[int, int]] = field(default_factory=dict)
     files_rejected: dict[str, str] = field(default_factory=dict)
     scan: LandingScan = field(default_factory=lambda: LandingScan([]))
+    columns_added: tuple[str, ...] = ()
+    """Columns ``auto_evolve`` added to the table for these files."""
 
     @property
     def rows_written(self) -> int:
@@ -276,17 +277,18 @@ def ingest_landing_files(
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started, scan=scan, quarantine_path=quarantine_path)
 
+    added = _evolve_for(spark, table, files, policy) if policy.auto_evolve else []
     counts = spark.sparkContext.accumulator({}, cast("AccumulatorParam[_PerFile]", _PerFileCounts()))  # duck-typed
     staging = f"{STAGING_DIR}/run={run_id}-{call}"  # one per call, even in a long run
     try:
-        staged = _stage(spark, table, files, counts, staging, policy.csv_null_markers)
+        staged = _stage(spark, table, files, counts, staging, policy)
         shard_stats = _write_here(staged, writers) if writers else _write_in_tasks(staged, table)
         per_file: _PerFile = counts.value  # every staged file reported
         rows_quarantined = sum(per_file[f.order][1] for f in files)
         if rows_quarantined:
             quarantine_path = _quarantine_path(quarantine_dir, run_id)
             rejected_files = [f for f in files if per_file[f.order][1]]
-            restaged = _stage(spark, table, rejected_files, counts, None, policy.csv_null_markers)
+            restaged = _stage(spark, table, rejected_files, counts, None, policy)
             _quarantine(restaged, quarantine_path, call, options)
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
@@ -307,7 +309,49 @@ def ingest_landing_files(
         per_file={f.name: per_file[f.order][:2] for f in files},
         files_rejected={f.name: reason for f in files if (reason := per_file[f.order][2]) is not None},
         scan=scan,
+        columns_added=tuple(added),
     )
+
+
+def _evolve_for(spark: SparkSession, table: LsmTable, files: list[LandingFile], policy: LandingPolicy) -> list[str]:
+    """Add the columns ``files`` hold and the table lacks (``auto_evolve``); return the names added.
+
+    One Spark pass reads every file for its columns (so ``auto_evolve`` reads
+    each file twice). A column takes the type of the first file (in file
+    order) that has values in it; a later file whose values do not cast to it
+    has those rows rejected as usual. Columns only ever null are not added.
+    """
+    listing = [(f.order, f.name, f.path) for f in files]
+    known, options = set(table.schema.names), table.storage_options
+    found = (
+        spark.sparkContext.parallelize(listing, min(len(listing), spark.sparkContext.defaultParallelism))
+        .map(lambda item: (item[0], _new_columns(item[1], item[2], known, policy, options)))
+        .collect()
+    )
+    fields: dict[str, pa.Field] = {}
+    for _, columns in sorted(found, key=lambda item: item[0]):
+        for column in columns:
+            fields.setdefault(column.name, column)
+    # Write tasks re-open the table, so they see the new columns.
+    return table.add_columns(list(fields.values())) if fields else []
+
+
+def _new_columns(
+    name: str, path: str, known: set[str], policy: LandingPolicy, storage_options: StorageOptions | None
+) -> list[pa.Field]:
+    """The columns of one landing file that are not in ``known``, with the types read (runs in a Spark task).
+
+    A file that cannot be read has none (it is quarantined when staged).
+    """
+    try:
+        read = read_landing_file(path, policy.csv_null_markers, storage_options, policy.cdc_format(name))
+    except UnreadableFileError:
+        return []
+    return [
+        pa.field(column, read.table.schema.field(column).type)
+        for column in read.table.column_names
+        if column not in known and column not in CHANGE_COLUMNS and not pa.types.is_null(read.table[column].type)
+    ]
 
 
 def _quarantine_path(quarantine_dir: str, run_id: str) -> str:
@@ -368,7 +412,7 @@ def _stage(
     files: list[LandingFile],
     counts: Accumulator[_PerFile],
     staging: str | None,
-    null_markers: NullMarkers,
+    policy: LandingPolicy,
 ) -> RDD[_Staged]:
     """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
 
@@ -384,9 +428,7 @@ def _stage(
         range(len(files)), min(len(files), spark.sparkContext.defaultParallelism)
     )
     uri, options = table.uri, table.storage_options
-    return positions.mapPartitions(
-        lambda part: _stage_files(part, listing, uri, options, staging, counts, null_markers)
-    )
+    return positions.mapPartitions(lambda part: _stage_files(part, listing, uri, options, staging, counts, policy))
 
 
 def _quarantine(staged: RDD[_Staged], path: str, call: str, storage_options: StorageOptions | None) -> None:
@@ -439,7 +481,7 @@ def _stage_files(
     storage_options: StorageOptions | None,
     staging: str | None,
     counts: Accumulator[_PerFile],
-    null_markers: NullMarkers,
+    policy: LandingPolicy,
 ) -> Iterator[_Staged]:
     """Read, validate and route the listed files at ``positions`` (runs in a Spark task).
 
@@ -455,7 +497,7 @@ def _stage_files(
         for position in positions:
             order, name, path = listing[position]
             first_order = order if first_order is None else first_order
-            parts, rejected, file_counts = _stage_one_file(table, name, path, null_markers)
+            parts, rejected, file_counts = _stage_one_file(table, name, path, policy)
             for bucket, rows in parts:
                 staged.append(bucket, rows)
             counts.add({order: file_counts})
@@ -504,7 +546,7 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
 
 
 def _stage_one_file(
-    table: LsmTable, name: str, path: str, null_markers: NullMarkers
+    table: LsmTable, name: str, path: str, policy: LandingPolicy
 ) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int, str | None]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows, whole-file reason).
 
@@ -513,7 +555,7 @@ def _stage_one_file(
     the error). Only a platform fault (:func:`_is_platform_fault`) raises.
     """
     try:
-        read = read_landing_file(path, null_markers, table.storage_options)
+        read = read_landing_file(path, policy.csv_null_markers, table.storage_options, policy.cdc_format(name))
         validated = _validate_file(table, read)
         rejected = _rejected_rows(name, read, validated.rejections)
         rows = read.table.num_rows + len(read.rejections)
@@ -528,7 +570,13 @@ def _stage_one_file(
 def _validate_file(table: LsmTable, read: LandingRows) -> ValidatedChanges:
     """The file's parsed rows validated; a batch-level problem rejects every row with its reason."""
     try:
-        return validate_changes(read.table, table.schema, table.primary_key, reject_unknown_columns=True)
+        return validate_changes(
+            read.table,
+            table.schema,
+            table.primary_key,
+            reject_unknown_columns=True,
+            optional_columns=table.added_columns,
+        )
     except InvalidChangesError as exc:
         if exc.problem is None or not read.table.num_rows:
             raise

@@ -11,6 +11,7 @@ upserts from deletes.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -112,7 +113,12 @@ def _refuse_duplicate_columns(names: list[str], rows: int) -> None:
 
 
 def validate_changes(
-    data: ChangeData, schema: pa.Schema, primary_key: list[str], *, reject_unknown_columns: bool = False
+    data: ChangeData,
+    schema: pa.Schema,
+    primary_key: list[str],
+    *,
+    reject_unknown_columns: bool = False,
+    optional_columns: Collection[str] = (),
 ) -> ValidatedChanges:
     """Check every row of ``data`` against ``schema`` and the change-column rules.
 
@@ -123,8 +129,9 @@ def validate_changes(
     (a landing file must not lose data silently).
 
     An upsert missing a non-key column is rejected (partial updates are not
-    supported: the column would be set to null). Booleans are never accepted
-    as numbers; NaN stays NaN.
+    supported: the column would be set to null), unless the column is in
+    ``optional_columns`` (columns added to a live table: writers that predate
+    them write null). Booleans are never accepted as numbers; NaN stays NaN.
 
     Raises
     ------
@@ -153,7 +160,9 @@ def validate_changes(
     is_delete = pc.fill_null(pc.equal(ops, DELETE), False)
     columns = {}
     for target in schema:
-        columns[target.name] = _cast_column(table, target, primary_key, is_delete, reasons)
+        optional = target.name in optional_columns
+        required = pa.array(np.zeros(table.num_rows, dtype=bool)) if optional else pc.invert(is_delete)
+        columns[target.name] = _cast_column(table, target, primary_key, is_delete, required, reasons)
     columns[OP_COLUMN] = ops
     columns[SEQ_COLUMN] = seqs
     normalized = pa.table(columns)
@@ -212,14 +221,19 @@ def _seq_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
 
 
 def _cast_column(
-    table: pa.Table, target: pa.Field, primary_key: list[str], is_delete: pa.Array, reasons: dict[int, str]
+    table: pa.Table,
+    target: pa.Field,
+    primary_key: list[str],
+    is_delete: pa.Array,
+    required: pa.Array,
+    reasons: dict[int, str],
 ) -> pa.Array:
+    """The column cast to ``target``; rows that miss it while ``required`` (or hold a bad value) are rejected."""
     if target.name not in table.column_names:
         if target.name in primary_key:  # checked by the caller; kept for clarity
             raise ValueError(f"primary-key column {target.name!r} is missing")
         values = pa.nulls(table.num_rows, target.type)
-        upserts = ~is_delete.to_numpy(zero_copy_only=False)
-        for row in np.flatnonzero(upserts):
+        for row in np.flatnonzero(required.to_numpy(zero_copy_only=False)):
             reasons.setdefault(int(row), f"column {target.name!r} is missing; an upsert must carry every column")
     else:
         values = _cast_values(table[target.name], target.type, target.name, reasons)
