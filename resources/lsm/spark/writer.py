@@ -251,7 +251,7 @@ def stage_partition(options: WriteOptions, staging: str, batches: Iterable[pa.Re
     task = cast(TaskContext, TaskContext.get())
     table = LsmTable.open(options.uri, storage_options=options.storage_options)
     prefix = f"part-{task.partitionId():05d}-{task.attemptNumber()}"
-    source = f"{options.write_id}/{staging.rsplit('/', 1)[1]}/part-{task.partitionId():05d}"
+    source = f"{staging.rsplit('/', 1)[1]}/part-{task.partitionId():05d}"  # write=<id>-..., partition
     staged = _StagedFiles(table.storage, staging, prefix)
     rejected: list[_RejectedRow] = []
     rows = 0
