@@ -150,11 +150,11 @@ class LsmDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> LsmBatchWriter:
         """``df.write.format("lance_lsm").mode("append").save(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
-        return LsmBatchWriter(write_options(self.options, schema, overwrite, stream=False))
+        return LsmBatchWriter(write_options(self.options, schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LsmStreamWriter:
         """``df.writeStream.format("lance_lsm")...start(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
-        return LsmStreamWriter(write_options(self.options, schema, overwrite, stream=True))
+        return LsmStreamWriter(write_options(self.options, schema, overwrite))
 
     def reader(self, schema: StructType) -> LsmReader:
         fresh = str(self.options.get("fresh", "true")).lower() != "false"

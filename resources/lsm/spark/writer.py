@@ -12,7 +12,9 @@ honoured when the DataFrame has them: per key, the highest ``_seq`` of the
 write wins (on ties, the row of the higher partition, then the later row).
 
 Options: ``write_id`` (names the write; a job re-run with the same id applies
-nothing twice; streams default to one derived from ``checkpointLocation``),
+nothing twice; a job defaults to a new id, a stream to ``stream-<query id>``:
+Spark keeps the query id in the checkpoint, so a restart from the checkpoint
+continues the same write and a fresh checkpoint starts a new one),
 ``quarantine`` (where rejected rows go; default ``<table>/_lsm_ingest/quarantine``),
 ``fail_on_rejects`` (``true``: the job fails when a row was rejected, and
 nothing is applied) and ``storage.<key>`` (Lance storage options).
@@ -42,7 +44,6 @@ fenced by another writer fails (then the re-run finishes the shards left).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -70,7 +71,8 @@ WRITES_DIR = "_lsm_ingest/writes"
 DEFAULT_QUARANTINE = "_lsm_ingest/quarantine"
 """Where rejected rows go when no ``quarantine`` option is given (relative to the table root)."""
 STREAM_BATCH_ID = "streaming.sql.batchId"
-"""The local property Spark sets on every task of a micro-batch."""
+STREAM_QUERY_ID = "sql.streaming.queryId"
+"""Local properties Spark sets on every task of a micro-batch (the query id survives restarts from the checkpoint)."""
 _WRITE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$")
 
 
@@ -79,20 +81,20 @@ class WriteOptions:
     """The writer's options, parsed on the driver (see the module docstring)."""
 
     uri: str
-    write_id: str
+    write_id: str | None
+    """The ``write_id`` option; ``None``: a new id per job, ``stream-<query id>`` per stream."""
     quarantine_dir: str
     fail_on_rejects: bool
     storage_options: StorageOptions | None
 
 
-def write_options(options: Mapping[str, str], schema: StructType, overwrite: bool, *, stream: bool) -> WriteOptions:
+def write_options(options: Mapping[str, str], schema: StructType, overwrite: bool) -> WriteOptions:
     """Parse and check the writer's options against the table, before any task runs.
 
     Raises
     ------
     ValueError
-        For ``mode("overwrite")``, a missing table URI, a bad ``write_id``, or
-        a stream with neither ``write_id`` nor ``checkpointLocation``.
+        For ``mode("overwrite")``, a missing table URI or a bad ``write_id``.
     InvalidChangesError
         If the DataFrame lacks a key column or repeats a column name: no row
         of it could be written (rows are checked one by one in the tasks).
@@ -108,7 +110,9 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
     validate_changes(
         to_arrow_schema(schema).empty_table(), table.schema, table.primary_key, reject_unknown_columns=True
     )
-    write_id = _write_id(lowered, stream)
+    write_id = lowered.get("write_id")
+    if write_id is not None and not _WRITE_ID.match(write_id):
+        raise ValueError(f"write_id {write_id!r} must match {_WRITE_ID.pattern}")
     return WriteOptions(
         uri=table.uri,
         write_id=write_id,
@@ -116,20 +120,6 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
         fail_on_rejects=lowered.get("fail_on_rejects", "false").strip().lower() == "true",
         storage_options=table.storage_options,
     )
-
-
-def _write_id(lowered: Mapping[str, str], stream: bool) -> str:
-    """The ``write_id`` option; else a fresh one (a job), or one derived from the checkpoint (a stream)."""
-    given = lowered.get("write_id")
-    if given is None and stream:
-        checkpoint = lowered.get("checkpointlocation")
-        if not checkpoint:
-            raise ValueError("a lance_lsm stream needs a checkpointLocation or a write_id option")
-        given = "stream-" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
-    write_id = given or f"job-{uuid.uuid4().hex[:12]}"
-    if not _WRITE_ID.match(write_id):
-        raise ValueError(f"write_id {write_id!r} must match {_WRITE_ID.pattern}")
-    return write_id
 
 
 @dataclass(frozen=True)
@@ -141,6 +131,7 @@ class StagedPartition(WriterCommitMessage):
     as the quarantine), if any.
     """
 
+    write_id: str
     partition: int
     attempt: int
     files: tuple[tuple[int, str], ...]
@@ -173,14 +164,15 @@ class LsmBatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
-        # Chosen on the driver, shipped to every task: one directory per job.
-        self.staging = f"{STAGING_DIR}/write={options.write_id}-{uuid.uuid4().hex[:8]}"
+        # Chosen on the driver, shipped to every task and to the commit: one directory per job.
+        self.write_id = options.write_id or f"job-{uuid.uuid4().hex[:12]}"
+        self.staging = f"{STAGING_DIR}/write={self.write_id}-{uuid.uuid4().hex[:8]}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPartition:
-        return stage_partition(self.options, self.staging, iterator)
+        return stage_partition(self.options, self.write_id, self.staging, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        commit_staged(self.options, self.staging, 0, _staged(messages))
+        commit_staged(self.options, self.write_id, self.staging, 0, _staged(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         TableStorage(self.options.uri, self.options.storage_options).delete_dir(self.staging)
@@ -190,8 +182,9 @@ class LsmStreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("lance_lsm")``: as :class:`LsmBatchWriter`, once per micro-batch.
 
     Spark builds a new writer for each micro-batch, in the planning and in
-    the committing process alike, so the staging directory is named after
-    the batch id (which tasks read from their local properties).
+    the committing process alike, so nothing is chosen here: tasks read the
+    query id and the batch id from their local properties, the commit gets
+    the write id from their messages. The staging directory is named after both.
     """
 
     def __init__(self, options: WriteOptions) -> None:
@@ -200,19 +193,26 @@ class LsmStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StagedPartition:
         from pyspark import TaskContext
 
-        batch_id = cast(TaskContext, TaskContext.get()).getLocalProperty(STREAM_BATCH_ID)
-        if batch_id is None:
-            raise RuntimeError(f"a lance_lsm stream task has no {STREAM_BATCH_ID} property")
-        return stage_partition(self.options, self._staging(int(batch_id)), iterator)
+        task = cast(TaskContext, TaskContext.get())
+        batch_id, query_id = task.getLocalProperty(STREAM_BATCH_ID), task.getLocalProperty(STREAM_QUERY_ID)
+        if batch_id is None or query_id is None:
+            raise RuntimeError(f"a lance_lsm stream task lacks the {STREAM_BATCH_ID} or {STREAM_QUERY_ID} property")
+        write_id = self.options.write_id or f"stream-{query_id}"
+        return stage_partition(self.options, write_id, _stream_staging(write_id, int(batch_id)), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        commit_staged(self.options, self._staging(batchId), batchId, _staged(messages))
+        parts = _staged(messages)
+        if parts:  # no partition, no rows
+            write_id = parts[0].write_id
+            commit_staged(self.options, write_id, _stream_staging(write_id, batchId), batchId, parts)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        TableStorage(self.options.uri, self.options.storage_options).delete_dir(self._staging(batchId))
+        for write_id in {p.write_id for p in _staged(messages)}:  # else garbage collection deletes it
+            TableStorage(self.options.uri, self.options.storage_options).delete_dir(_stream_staging(write_id, batchId))
 
-    def _staging(self, batch_id: int) -> str:
-        return f"{STAGING_DIR}/write={self.options.write_id}-batch={batch_id}"
+
+def _stream_staging(write_id: str, batch_id: int) -> str:
+    return f"{STAGING_DIR}/write={write_id}-batch={batch_id}"
 
 
 def _staged(messages: list[WriterCommitMessage | None]) -> list[StagedPartition]:
@@ -240,7 +240,9 @@ def changes_of_batch(
     return validated.valid, _rejected_rows(source, numbered, validated.rejections)
 
 
-def stage_partition(options: WriteOptions, staging: str, batches: Iterable[pa.RecordBatch]) -> StagedPartition:
+def stage_partition(
+    options: WriteOptions, write_id: str, staging: str, batches: Iterable[pa.RecordBatch]
+) -> StagedPartition:
     """Validate and route one task's rows into staged files under ``staging``; runs in a Spark task.
 
     Returns the commit message naming the files this attempt wrote. Bad rows
@@ -268,7 +270,9 @@ def stage_partition(options: WriteOptions, staging: str, batches: Iterable[pa.Re
         rejected, table.storage.uri(staging), f"{prefix}-rejected.json", options.storage_options
     ):
         pass
-    return StagedPartition(task.partitionId(), task.attemptNumber(), tuple(files), rows, len(rejected), rejected_path)
+    return StagedPartition(
+        write_id, task.partitionId(), task.attemptNumber(), tuple(files), rows, len(rejected), rejected_path
+    )
 
 
 def _by_bucket(table: LsmTable, valid: pa.Table) -> Iterator[tuple[int, pa.Table]]:
@@ -283,7 +287,9 @@ def _by_bucket(table: LsmTable, valid: pa.Table) -> Iterator[tuple[int, pa.Table
 # --------------------------------------------------------------- driver side
 
 
-def commit_staged(options: WriteOptions, staging: str, batch_id: int, parts: list[StagedPartition]) -> SparkWriteReport:
+def commit_staged(
+    options: WriteOptions, write_id: str, staging: str, batch_id: int, parts: list[StagedPartition]
+) -> SparkWriteReport:
     """Apply the staged files of the committed attempts, shard by shard; return what was done.
 
     Rejected rows are quarantined first (``<quarantine>/run=<write id>/part-<batch>-<partition>.json``,
@@ -303,15 +309,17 @@ def commit_staged(options: WriteOptions, staging: str, batch_id: int, parts: lis
     """
     table = LsmTable.open(options.uri, storage_options=options.storage_options)
     try:
-        return _apply(table, options, batch_id, sorted(parts, key=lambda p: p.partition))
+        return _apply(table, options, write_id, batch_id, sorted(parts, key=lambda p: p.partition))
     finally:
         table.close()
         table.storage.delete_dir(staging)
 
 
-def _apply(table: LsmTable, options: WriteOptions, batch_id: int, parts: list[StagedPartition]) -> SparkWriteReport:
+def _apply(
+    table: LsmTable, options: WriteOptions, write_id: str, batch_id: int, parts: list[StagedPartition]
+) -> SparkWriteReport:
     rows, rejected = sum(p.rows for p in parts), sum(p.rejected for p in parts)
-    quarantine_path = _quarantine(table.storage, options, batch_id, parts) if rejected else None
+    quarantine_path = _quarantine(table.storage, options, write_id, batch_id, parts) if rejected else None
     if rejected and options.fail_on_rejects:
         raise InvalidChangesError.whole_batch(
             f"{rejected} of {rows} rows were rejected (quarantined in {quarantine_path}) and fail_on_rejects is set",
@@ -321,13 +329,13 @@ def _apply(table: LsmTable, options: WriteOptions, batch_id: int, parts: list[St
     for part in parts:  # partition order: the later partition wins a _seq tie
         for bucket, path in part.files:
             paths.setdefault(table.shard_ids[bucket], []).append(path)
-    ledger = WriteLedger(table.storage, options.write_id)
+    ledger = WriteLedger(table.storage, write_id)
     skipped = tuple(s for s in sorted(paths) if ledger.applied_batch(s) >= batch_id)
     todo = [s for s in sorted(paths) if s not in skipped]
     with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="lsm-spark-write") as pool:
         written = list(pool.map(lambda s: _apply_shard(table, ledger, s, paths[s], batch_id), todo))
     report = SparkWriteReport(
-        options.write_id,
+        write_id,
         batch_id,
         rows,
         rejected,
@@ -350,9 +358,11 @@ def _apply_shard(
     return written[0] if written else ShardWriteCount(shard_id, 0, 0)
 
 
-def _quarantine(storage: TableStorage, options: WriteOptions, batch_id: int, parts: list[StagedPartition]) -> str:
+def _quarantine(
+    storage: TableStorage, options: WriteOptions, write_id: str, batch_id: int, parts: list[StagedPartition]
+) -> str:
     """Copy the committed attempts' rejected rows to the quarantine; return its directory for this write."""
-    directory = join(options.quarantine_dir, f"run={options.write_id}")
+    directory = join(options.quarantine_dir, f"run={write_id}")
     quarantine = TableStorage(directory, options.storage_options)
     for part in parts:
         if part.rejected_path is not None:

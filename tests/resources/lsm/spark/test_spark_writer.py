@@ -207,9 +207,10 @@ def _stream_source(directory: Path, batches: list[pa.Table]) -> None:
         os.utime(path, (start + number, start + number))
 
 
-def _stream_write_id(table_uri: str) -> str:
+def _stream_write_id(table_uri: str, checkpoint: Path) -> str:
+    """The one write id the stream used: ``stream-<query id>``, the query id Spark keeps in the checkpoint."""
     writes = [p.name for p in Path(table_uri, "_lsm_ingest", "writes").iterdir()]
-    assert len(writes) == 1 and writes[0].startswith("stream-")
+    assert writes == ["stream-" + json.loads((checkpoint / "metadata").read_text())["id"]]
     return writes[0]
 
 
@@ -241,7 +242,7 @@ def test_sigkill_mid_stream_then_restart_from_the_checkpoint_equals_the_oracle(m
 
     assert _view(LsmTable.open(table.uri)) == replay(batches)
     assert _last_batch(table.uri) == len(batches) - 1
-    assert _stream_write_id(table.uri)
+    _stream_write_id(table.uri, tmp_path / "checkpoint")  # the restart continued the same write
 
 
 def test_a_micro_batch_replayed_after_a_driver_crash_is_skipped(spark, make_table, tmp_path):
@@ -275,6 +276,6 @@ def test_a_micro_batch_replayed_after_a_driver_crash_is_skipped(spark, make_tabl
 
     view = _view(LsmTable.open(table.uri))
     assert view[changed["id"]]["status"] == "newer", "the replayed batch was applied again"
-    report = last_write_report(table.uri, _stream_write_id(table.uri))
+    report = last_write_report(table.uri, _stream_write_id(table.uri, tmp_path / "checkpoint"))
     assert report is not None and report.batch_id == 1 and report.shards == {} and report.skipped
     assert _staging_left(table.uri) == []
