@@ -36,6 +36,12 @@ def stream(table_uri: str, source_dir: str, checkpoint: str) -> None:
     query.stop()
 
 
+def write(table_uri: str, changes: str, write_id: str) -> None:
+    """``df.write`` of the Parquet file ``changes`` under ``write_id``."""
+    frame = spark_session("local[2]").read.parquet(changes)
+    frame.write.format("lance_lsm").mode("append").option("write_id", write_id).save(table_uri)
+
+
 def write_with_a_failed_first_attempt(table_uri: str, changes: str, marker: str) -> None:
     """``df.write`` of the Parquet file ``changes``, where partition 0's first write attempt dies midway.
 

@@ -197,6 +197,30 @@ def test_a_failed_task_attempts_staged_rows_are_never_applied(make_table, tmp_pa
     assert report is not None and report.rows == sum(b.num_rows for b in batches), "an attempt was counted twice"
 
 
+def test_sigkill_mid_commit_then_rerun_of_the_write_id_equals_the_oracle(spark, make_table, tmp_path):
+    table = make_table(EVENTS_SCHEMA)
+    batches = _changes(6, seed=17, batch_size=4000)
+    pq.write_table(pa.concat_tables(batches), tmp_path / "changes.parquet")
+    ledger = Path(table.uri, "_lsm_ingest", "writes", "killed")
+
+    child = _child(f"write({table.uri!r}, {str(tmp_path / 'changes.parquet')!r}, 'killed')")
+    deadline = time.monotonic() + 240
+    while not (ledger.exists() and list(ledger.glob("*-*-*-*-*.json"))) and child.poll() is None:
+        assert time.monotonic() < deadline, "the commit never recorded a shard"
+        time.sleep(0.002)
+    os.killpg(child.pid, signal.SIGKILL)  # driver, JVM and Python workers at once: as soon as a shard is recorded
+    assert child.wait() == -signal.SIGKILL, "the job finished before the kill"
+    # Shards are written in parallel: the kill lands after 1 to 4 of them were recorded.
+    recorded = sorted(p.stem for p in ledger.glob("*-*-*-*-*.json"))
+
+    _write(spark.read.parquet(str(tmp_path / "changes.parquet")), table.uri, write_id="killed")
+
+    assert _view(LsmTable.open(table.uri)) == replay(batches)
+    report = last_write_report(table.uri, "killed")
+    assert report is not None and list(report.skipped) == recorded
+    assert sorted([*report.skipped, *report.shards]) == sorted(table.shard_ids)
+
+
 def _stream_source(directory: Path, batches: list[pa.Table]) -> None:
     """One Parquet file per batch, modification times one second apart (the file source's order)."""
     directory.mkdir()
