@@ -303,3 +303,27 @@ def test_a_micro_batch_replayed_after_a_driver_crash_is_skipped(spark, make_tabl
     report = last_write_report(table.uri, _stream_write_id(table.uri, tmp_path / "checkpoint"))
     assert report is not None and report.batch_id == 1 and report.shards == {} and report.skipped
     assert _staging_left(table.uri) == []
+
+
+def test_a_dataframe_written_to_an_s3_table_with_an_s3_quarantine_equals_the_oracle(spark, s3_root, s3_server):
+    options = s3_server.storage_options()
+    workers_env = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("AWS_ENDPOINT_URL")).collect()
+    assert workers_env == [None], "executors and the commit must get the store from the storage options alone"
+    table_uri, quarantine = f"{s3_root}/table.lance", f"{s3_root}/quarantine"
+    LsmTable.create(table_uri, EVENTS_SCHEMA, ["id"], num_shards=2, storage_options=options)
+    batches = _changes(2, seed=41, batch_size=200)
+    bad = pa.table({"id": pa.array([None], pa.int64()), "customer": ["x"], "amount": [1.0], "status": ["new"]})
+    bad = bad.append_column("_op", pa.array(["upsert"])).append_column("_seq", pa.array([0], pa.int64()))
+    frame = spark.createDataFrame(pa.concat_tables([*batches, bad])).repartition(3)
+
+    _write(frame, table_uri, write_id="s3", quarantine=quarantine, **{f"storage.{k}": v for k, v in options.items()})
+
+    table = LsmTable.open(table_uri, storage_options=options)
+    assert _view(table) == replay(batches)
+    report = last_write_report(table_uri, "s3", options)
+    assert report is not None and report.rejected == 1 and report.quarantine_path == f"{quarantine}/run=s3"
+    quarantined = TableStorage(report.quarantine_path, options).list_files("")
+    assert len(quarantined) == 1
+    line = json.loads(TableStorage(report.quarantine_path, options).read_bytes(quarantined[0].name))
+    assert "primary-key column 'id' is null" in line["reason"]
+    assert TableStorage(table_uri, options).list_dir(STAGING_DIR) == []
