@@ -16,6 +16,10 @@ measures, side by side on that same data:
 (b) ours: ``ingest_landing_files`` on a ``spark_conf("local[2]")`` session,
     from landing files to durable in the WAL and closed writers. Session
     start-up and the first (cold) ingestion are reported, not used for ratios.
+(d) the DataFrame writer: ``spark.read.parquet(<a copy of the landing files>)
+    .write.format("lance_lsm").mode("append").save(uri)``, one Spark job from
+    the same Parquet files to durable in the WAL and closed writers (the
+    driver's commit applies the staged rows; ``_seq`` orders across files).
 (c) naive: per landing file (10k-row micro-batch) Spark reads it, keeps the
     highest ``_seq`` per key, and the driver applies it to a plain Lance table:
     one ``merge_insert`` (update/insert) whose ``when_not_matched_by_source_delete``
@@ -23,7 +27,7 @@ measures, side by side on that same data:
     and extrapolated: its cost per batch grows with the table.
 
 Rows/s = change rows of the stream (or prefix) / seconds. Contents are checked
-against ``replay`` after (a), (b) and (c). Ratios are of medians from the same
+against ``replay`` after (a), (b), (c) and (d). Ratios are of medians from the same
 run; the machine is shared, so only ratios are comparable across runs.
 """
 
@@ -55,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resources.lsm import LsmTable
 from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN
-from resources.lsm.ingest.landing import list_landing_files
+from resources.lsm.ingest.landing import LandingRetention, list_landing_files
 from resources.lsm.spark import ingest as spark_ingest
 from resources.lsm.table import LANCE_MAX_MEMTABLE_ROWS
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
@@ -244,7 +248,10 @@ def run_spark(spark, uri: Path, landing: Path, quarantine: Path, shards: int) ->
         setattr(spark_ingest, name, timed(name, step))
     try:
         started_ms = int(time.time() * 1000)
-        report = spark_ingest.ingest_landing_files(spark, str(uri), str(landing), str(quarantine))
+        # Keep the landing files in place: every round (and (c)) reads the same files.
+        report = spark_ingest.ingest_landing_files(
+            spark, str(uri), str(landing), str(quarantine), retention=LandingRetention("keep")
+        )
         window = (started_ms, int(time.time() * 1000))
     finally:
         for name, step in originals.items():
@@ -275,6 +282,17 @@ def spark_session(event_dir: Path):
     session = spark_session("local[2]", conf)
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+# --------------------------------------------------- (d) the DataFrame writer
+
+
+def run_dataframe_writer(spark, uri: Path, frame_dir: Path, shards: int) -> tuple[float, LsmTable]:
+    """``df.write.format("lance_lsm")`` of the stream's Parquet files into a fresh table; returns its seconds."""
+    shutil.rmtree(uri, ignore_errors=True)
+    table = LsmTable.create(str(uri), EVENTS_SCHEMA, ["id"], num_shards=shards)
+    frame = spark.read.parquet(str(frame_dir))
+    return _timed(lambda: frame.write.format("lance_lsm").mode("append").save(str(uri))), table
 
 
 # -------------------------------------------------------- (c) naive merge_insert
@@ -480,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(workdir / "landing", ignore_errors=True)
     shutil.rmtree(workdir / "spark-events", ignore_errors=True)
     batches = make_stream(workdir / "landing", args.rows, args.batch_size)
+    shutil.rmtree(workdir / "frame", ignore_errors=True)
+    shutil.copytree(workdir / "landing", workdir / "frame")  # (d) reads a DataFrame of its own
     paths = [f.path for f in list_landing_files(str(workdir / "landing"))]
     rows, oracle = sum(b.num_rows for b in batches), replay(batches)
     print(f"{rows:,} change rows in {len(batches)} files under {workdir}", flush=True)
@@ -491,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     startup = time.perf_counter()
     spark = spark_session(workdir / "spark-events")
     startup = time.perf_counter() - startup
-    spark_runs, ceiling_runs, checks = side_by_side(spark, workdir, args, work[best.rows_per_put], best, rows, oracle)
+    spark_runs, ceiling_runs, writer_runs, checks = side_by_side(
+        spark, workdir, args, work[best.rows_per_put], best, rows, oracle
+    )
     worker_profile = {}
     if args.py_spy:  # an extra run: sampling slows it, so it is not timed
         with PySpy(workdir / "py-spy.txt"):
@@ -503,7 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     checks[f"(c) first {prefix} batches"] = matches(merged, replay(batches[:prefix]))
     spark.stop()
 
-    results = summarize(args, rows, len(batches), grid, best, ceiling_runs, spark_runs, startup, merge, checks)
+    results = summarize(
+        args, rows, len(batches), grid, best, ceiling_runs, spark_runs, writer_runs, startup, merge, checks
+    )
     results["profile_b"] = {
         "driver_phases_seconds": {k: round(v, 3) for k, v in spark_runs[-1].phases.items()},
         "write_task_seconds": [round(s, 3) for s in spark_runs[-1].shard_write_seconds],
@@ -520,21 +544,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def side_by_side(
     spark, workdir: Path, args: argparse.Namespace, work: dict[str, list], best: CeilingRun, rows: int, oracle: dict
-) -> tuple[list[SparkRun], list[CeilingRun], dict[str, bool]]:
-    """Rounds of (b) then (a) with the best settings; round 0's (b) is the cold one."""
+) -> tuple[list[SparkRun], list[CeilingRun], list[float], dict[str, bool]]:
+    """Rounds of (b), (d), then (a) with the best settings; round 0's (b) and (d) are the cold ones."""
     checks: dict[str, bool] = {}
-    spark_runs, ceiling_runs = [], []
+    spark_runs, ceiling_runs, writer_runs = [], [], []
     for round_ in range(args.repeat + 1):
         run, table = run_spark(spark, workdir / "spark.lance", workdir / "landing", workdir / "quarantine", args.shards)
         checks[f"(b) run {round_}"] = matches(LsmTable.open(table.uri).read(), oracle)
         spark_runs.append(run)
+        seconds, table = run_dataframe_writer(spark, workdir / "writer.lance", workdir / "frame", args.shards)
+        checks[f"(d) run {round_}"] = matches(LsmTable.open(table.uri).read(), oracle)
+        writer_runs.append(seconds)
         run, table = run_ceiling(
             workdir / "ceiling.lance", work, rows, args.shards, best.flush_interval_ms, best.rows_per_put
         )
         ceiling_runs.append(run)
-        print(f"round {round_}: (b) {spark_runs[-1].seconds:.2f}s, (a) {run.seconds:.2f}s", flush=True)
+        print(
+            f"round {round_}: (b) {spark_runs[-1].seconds:.2f}s, (d) {seconds:.2f}s, (a) {run.seconds:.2f}s", flush=True
+        )
     checks["(a)"] = matches(LsmTable.open(table.uri).read(), oracle)
-    return spark_runs, ceiling_runs, checks
+    return spark_runs, ceiling_runs, writer_runs, checks
 
 
 def summarize(
@@ -545,6 +574,7 @@ def summarize(
     best: CeilingRun,
     ceiling_runs: list[CeilingRun],
     spark_runs: list[SparkRun],
+    writer_runs: list[float],
     startup: float,
     merge: MergeInsertRun,
     checks: dict[str, bool],
@@ -552,7 +582,8 @@ def summarize(
     """The numbers: medians of the warm rounds, ratios, targets."""
     a = statistics.median(r.seconds for r in ceiling_runs[1:] or ceiling_runs)
     b = statistics.median(r.seconds for r in spark_runs[1:] or spark_runs)
-    a_rate, b_rate, c_rate = rows / a, rows / b, merge.rows_per_second
+    d = statistics.median(writer_runs[1:] or writer_runs)
+    a_rate, b_rate, c_rate, d_rate = rows / a, rows / b, merge.rows_per_second, rows / d
     return {
         "config": {
             "rows": rows,
@@ -583,7 +614,19 @@ def summarize(
             "extrapolated": merge.batches < merge.total_batches,
             "extrapolated_seconds_full_stream": rows / c_rate,
         },
-        "ratios": {"b_over_c": b_rate / c_rate, "b_over_a": b_rate / a_rate},
+        "d_dataframe_writer": {
+            "seconds": d,
+            "rows_per_second": d_rate,
+            "cold_seconds": writer_runs[0],
+            "runs_seconds": writer_runs,
+        },
+        "ratios": {
+            "b_over_c": b_rate / c_rate,
+            "b_over_a": b_rate / a_rate,
+            "d_over_a": d_rate / a_rate,
+            "d_over_b": d_rate / b_rate,
+            "d_over_c": d_rate / c_rate,
+        },
         "targets": {
             "b_over_c": TARGET_B_OVER_C,
             "b_over_a": TARGET_B_OVER_A,
@@ -596,7 +639,9 @@ def summarize(
 
 def render(results: dict) -> str:
     """The Markdown report."""
-    config, a, b, c = (results[k] for k in ("config", "a_ceiling", "b_spark_ingest", "c_naive_merge_insert"))
+    config, a, b, c, d = (
+        results[k] for k in ("config", "a_ceiling", "b_spark_ingest", "c_naive_merge_insert", "d_dataframe_writer")
+    )
     ratios, targets, profile = results["ratios"], results["targets"], results["profile_b"]
     best, rows, warm = a["best"], config["rows"], max(1, config["repeat"])
     c_note = (
@@ -620,6 +665,9 @@ def render(results: dict) -> str:
         f"session start {b['session_start_seconds']:.1f}s, both excluded) |",
         f"| (c) naive Spark + merge_insert | {c['seconds']:.2f} | {c['rows_per_second']:,.0f} | "
         f"{c['rows']:,} rows; {c_note} |",
+        f'| (d) Spark df.write.format("lance_lsm") | {d["seconds"]:.2f} | {d["rows_per_second"]:,.0f} | the same '
+        f"Parquet files as one DataFrame to durable WAL + closed writers; warm median of {warm} (cold first run "
+        f"{d['cold_seconds']:.1f}s excluded) |",
         "",
         "| ratio | value | target | met |",
         "| --- | ---: | ---: | --- |",
@@ -627,6 +675,9 @@ def render(results: dict) -> str:
         f"{'yes' if targets['b_over_c_met'] else 'NO'} |",
         f"| (b) / (a) | {ratios['b_over_a']:.2f}x | >= {targets['b_over_a']:.1f}x | "
         f"{'yes' if targets['b_over_a_met'] else 'NO'} |",
+        f"| (d) / (a) | {ratios['d_over_a']:.2f}x | | |",
+        f"| (d) / (b) | {ratios['d_over_b']:.2f}x | | |",
+        f"| (d) / (c) | {ratios['d_over_c']:.1f}x | | |",
         "",
         "Contents equal `replay` of the stream: "
         + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in results["correct"].items())
@@ -676,7 +727,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="change rows in the stream")
     parser.add_argument("--batch-size", type=int, default=10_000, help="rows per landing file (micro-batch)")
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=5, help="warm (a)+(b) rounds after the cold one")
+    parser.add_argument("--repeat", type=int, default=5, help="warm (a)+(b)+(d) rounds after the cold one")
     parser.add_argument("--merge-batches", type=int, default=25, help="micro-batches (c) runs before extrapolating")
     parser.add_argument("--json", default=str(RESULTS / "ingest.json"))
     parser.add_argument("--markdown", default=str(RESULTS / "ingest.md"))

@@ -9,6 +9,7 @@ Public contract::
 
     from resources.lsm import register_spark_source   # imports PySpark
     register_spark_source(spark); spark.read.format("lance_lsm").load(uri)
+    df.write.format("lance_lsm").mode("append").save(uri)   # and df.writeStream: spark/writer.py
 
 Subpackages, bottom up (see docs/architecture.md): ``format`` (on-disk
 layout: storage, manifests, markers, WAL entries, routing), ``read`` (the

@@ -97,6 +97,7 @@ from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
 from ..read.pending_run import PendingRuns
 from ..read.wal_tail import read_wal_tail
 from ..table import LsmTable
+from .writer import LsmBatchWriter, LsmStreamWriter, write_options
 
 SOURCE_NAME = "lance_lsm"
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
@@ -134,7 +135,10 @@ class ShardRangePartition(InputPartition):
 
 
 class LsmDataSource(DataSource):
-    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh``, ``columns`` and ``storage.<key>``."""
+    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh``, ``columns`` and ``storage.<key>``.
+
+    Also the sink of ``df.write`` and ``df.writeStream`` (:mod:`resources.lsm.spark.writer`).
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -144,6 +148,14 @@ class LsmDataSource(DataSource):
         table = LsmTable.open(self._uri, storage_options=storage_options_of(self.options))
         columns = _columns_option(self.options) or table.schema.names
         return from_arrow_schema(pa.schema([_plain(table.schema.field(c)) for c in columns]))
+
+    def writer(self, schema: StructType, overwrite: bool) -> LsmBatchWriter:
+        """``df.write.format("lance_lsm").mode("append").save(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
+        return LsmBatchWriter(write_options(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> LsmStreamWriter:
+        """``df.writeStream.format("lance_lsm")...start(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
+        return LsmStreamWriter(write_options(self.options, schema, overwrite))
 
     def reader(self, schema: StructType) -> LsmReader:
         fresh = str(self.options.get("fresh", "true")).lower() != "false"
