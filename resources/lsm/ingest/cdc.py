@@ -55,6 +55,9 @@ DEBEZIUM_DELETE_OP = "d"
 _Record = dict[str, object]
 
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass(frozen=True)
 class CdcFormat:
     """How to read one CDC tool's change records.
@@ -81,6 +84,13 @@ class CdcFormat:
     drop_columns
         Generic: the CDC tool's own columns (commit ids, positions...),
         dropped from the changes, so they do not count as unknown columns.
+    sequence
+        ``"rank"`` (default): ``_seq`` is each record's rank within the batch,
+        for any comparable ordering type. ``"value"``: ``_seq`` is the
+        ordering value itself, which must be one integer per record (an LSN,
+        ``ts_ms``; others are rejected, a keyed tombstone's absent value
+        sorts first), so that changes order across batches: the Spark
+        writer's partitions and micro-batches.
     """
 
     kind: Literal["debezium", "generic"] = "debezium"
@@ -90,8 +100,11 @@ class CdcFormat:
     upsert_values: tuple[str, ...] = ()
     order_columns: tuple[str, ...] = ()
     drop_columns: tuple[str, ...] = ()
+    sequence: Literal["rank", "value"] = "rank"
 
     def __post_init__(self) -> None:
+        if self.sequence not in ("rank", "value"):
+            raise ValueError(f"CDC sequence must be 'rank' or 'value', got {self.sequence!r}")
         if self.kind not in ("debezium", "generic"):
             raise ValueError(f"CDC format kind must be 'debezium' or 'generic', got {self.kind!r}")
         if self.kind == "generic" and not self.op_column:
@@ -135,18 +148,18 @@ def records_to_changes(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
     rejects its record.
     """
     if fmt.kind == "debezium":
-        return _debezium(records, fmt.order_by)
+        return _debezium(records, fmt)
     return _generic(records, fmt)
 
 
-def _debezium(records: Sequence[object], order_by: str) -> CdcChanges:
+def _debezium(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
     rows: list[_Record] = []
     numbers: list[int] = []
     orders: list[object] = []
     rejections: list[Rejection] = []
     skipped = 0
     for number, record in enumerate(records):
-        change, order, reason = _debezium_change(record, order_by)
+        change, order, reason = _debezium_change(record, fmt.order_by)
         if reason is not None:
             rejections.append(Rejection(number, reason))
         elif change is None:
@@ -155,7 +168,7 @@ def _debezium(records: Sequence[object], order_by: str) -> CdcChanges:
             rows.append(change)
             numbers.append(number)
             orders.append(order)
-    return _assemble(rows, numbers, [(o,) for o in orders], rejections, skipped)
+    return _assemble(rows, numbers, [(o,) for o in orders], rejections, skipped, fmt.sequence)
 
 
 def _debezium_change(record: object, order_by: str) -> tuple[_Record | None, object, str | None]:
@@ -235,7 +248,7 @@ def _generic(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
         rows.append(change)
         numbers.append(number)
         orders.append(order)
-    return _assemble(rows, numbers, orders, rejections, 0)
+    return _assemble(rows, numbers, orders, rejections, 0, fmt.sequence)
 
 
 def _generic_change(record: object, fmt: CdcFormat) -> tuple[_Record | None, str | None]:
@@ -254,19 +267,40 @@ def _generic_change(record: object, fmt: CdcFormat) -> tuple[_Record | None, str
 
 
 def _assemble(
-    rows: list[_Record], numbers: list[int], orders: list[tuple[object, ...]], rejections: list[Rejection], skipped: int
+    rows: list[_Record],
+    numbers: list[int],
+    orders: list[tuple[object, ...]],
+    rejections: list[Rejection],
+    skipped: int,
+    sequence: str,
 ) -> CdcChanges:
-    """The changes table, ``_seq`` being each row's rank by ordering value (record order on ties)."""
+    """The changes table, ``_seq`` being each row's rank by ordering value (record order on ties) or the value."""
     columns = list(dict.fromkeys(name for row in rows for name in row if name != OP_COLUMN))
     table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
     table = table.append_column(OP_COLUMN, pa.array([row[OP_COLUMN] for row in rows], pa.string()))
-    table = table.append_column(SEQ_COLUMN, pa.array(_ranks(orders, rejections, numbers), pa.int64()))
+    sequenced = _ranks if sequence == "rank" else _values
+    table = table.append_column(SEQ_COLUMN, pa.array(sequenced(orders, rejections, numbers), pa.int64()))
     keep = np.ones(len(rows), dtype=bool)
     unordered = {r.row for r in rejections}
     keep[[i for i, n in enumerate(numbers) if n in unordered]] = False
     return CdcChanges(
         table.filter(pa.array(keep)), np.array(numbers, dtype=np.int64)[keep], sorted(rejections, key=_row), skipped
     )
+
+
+def _values(orders: list[tuple[object, ...]], rejections: list[Rejection], numbers: list[int]) -> list[int]:
+    """Each row's ordering value as its ``_seq`` (``sequence="value"``); rows without one integer are rejected."""
+    values = []
+    for order, number in zip(orders, numbers, strict=True):
+        value = order[0] if len(order) == 1 else None
+        if order == (None,):
+            values.append(_I64_MIN)  # a keyed tombstone: first, as in rank order
+        elif type(value) is int and _I64_MIN <= value <= _I64_MAX:
+            values.append(value)
+        else:
+            rejections.append(Rejection(number, f"ordering value {list(order)!r} is not one 64-bit integer"))
+            values.append(_I64_MIN)
+    return values
 
 
 def _row(rejection: Rejection) -> int:

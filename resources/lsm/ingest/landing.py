@@ -254,7 +254,7 @@ def read_landing_file(
             read = LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
         else:
             read = _read_csv(data, csv_null_markers)
-        return read if cdc is None else _cdc_rows(read, cdc)
+        return read if cdc is None else cdc_rows(read, cdc)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
 
@@ -387,7 +387,7 @@ def _cdc_records(
     return LandingRows(mapped.changes, sorted(rejections + bad, key=lambda r: r.row), numbers[mapped.record_numbers])
 
 
-def _cdc_rows(read: LandingRows, cdc: CdcFormat) -> LandingRows:
+def cdc_rows(read: LandingRows, cdc: CdcFormat) -> LandingRows:
     """Rows of a Parquet or CSV file of CDC records as changes, bad records rejected with their values."""
     mapped = to_changes(read.table, cdc)
     records = read.table.take(pa.array([r.row for r in mapped.rejections], pa.int64())).to_pylist()

@@ -83,7 +83,7 @@ if TYPE_CHECKING:  # PySpark is imported where it runs, never at module load
 
 _PerFile: TypeAlias = "dict[int, tuple[int, int, str | None]]"
 """``{file order: (rows, rejected rows, why the whole file was rejected)}``, collected by an accumulator."""
-_Staged: TypeAlias = "_StagedFile | _RejectedRow"
+_Staged: TypeAlias = "_StagedFile | RejectedRow"
 """What the stage RDD holds (an RDD's ``filter`` does not narrow it: hence the casts)."""
 
 
@@ -272,7 +272,7 @@ def ingest_landing_files(
     scan = scan_landing(table_uri, landing_dir, retention, policy, options)
     files = scan.pending[:max_files]
     call = uuid.uuid4().hex[:8]
-    changed_rows = [_RejectedRow(name, -1, reason, None) for name, reason in scan.changed.items()]
+    changed_rows = [RejectedRow(name, -1, reason, None) for name, reason in scan.changed.items()]
     quarantine_path = _quarantine_driver_rows(changed_rows, quarantine_dir, run_id, call, options)
     if not files:
         return IngestReport(elapsed_seconds=time.monotonic() - started, scan=scan, quarantine_path=quarantine_path)
@@ -359,13 +359,13 @@ def _quarantine_path(quarantine_dir: str, run_id: str) -> str:
 
 
 def _quarantine_driver_rows(
-    rows: list[_RejectedRow], quarantine_dir: str, run_id: str, call: str, storage_options: StorageOptions | None
+    rows: list[RejectedRow], quarantine_dir: str, run_id: str, call: str, storage_options: StorageOptions | None
 ) -> str | None:
     """Quarantine entries the driver found (changed files); return the run's quarantine path if any."""
     if not rows:
         return None
     path = _quarantine_path(quarantine_dir, run_id)
-    for _ in _write_quarantine_file(rows, path, f"part-{call}-driver.json", storage_options):
+    for _ in write_quarantine_file(rows, path, f"part-{call}-driver.json", storage_options):
         pass
     return path
 
@@ -399,7 +399,7 @@ class _StagedFile:
 
 
 @dataclass(frozen=True)
-class _RejectedRow:
+class RejectedRow:
     file: str
     row: int
     reason: str
@@ -414,7 +414,7 @@ def _stage(
     staging: str | None,
     policy: LandingPolicy,
 ) -> RDD[_Staged]:
-    """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`_RejectedRow`), computed by the job that reads it.
+    """An RDD of ``files`` staged (:class:`_StagedFile`, :class:`RejectedRow`), computed by the job that reads it.
 
     Good rows go to staged files under ``staging`` (relative to the table
     root); ``None`` stages the rejected rows only. Each file's (rows,
@@ -438,9 +438,9 @@ def _quarantine(staged: RDD[_Staged], path: str, call: str, storage_options: Sto
     call (continuous mode quarantines several calls into one run's
     directory), and a retried task overwrites its own file, atomically.
     """
-    rejected = cast("RDD[_RejectedRow]", staged.filter(lambda item: isinstance(item, _RejectedRow)))
+    rejected = cast("RDD[RejectedRow]", staged.filter(lambda item: isinstance(item, RejectedRow)))
     rejected.mapPartitionsWithIndex(
-        lambda partition, rows: _write_quarantine_file(
+        lambda partition, rows: write_quarantine_file(
             list(rows), path, f"part-{call}-{partition:05d}.json", storage_options
         )
     ).count()
@@ -491,7 +491,7 @@ def _stage_files(
 
     table = LsmTable.open(uri, storage_options=storage_options)
     task = cast(TaskContext, TaskContext.get())  # set: this runs in a Spark task
-    staged = _StagedFiles(table.storage, staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
+    staged = StagedFiles(table.storage, staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
     first_order: int | None = None
     try:
         for position in positions:
@@ -508,7 +508,7 @@ def _stage_files(
     yield from (_StagedFile(bucket, cast(int, first_order), path) for bucket, path in files)
 
 
-class _StagedFiles:
+class StagedFiles:
     """One Arrow IPC stream per bucket under ``directory``, written by one stage task attempt.
 
     ``directory`` ``None`` stages nothing (the quarantine pass needs only the rejected rows).
@@ -537,7 +537,7 @@ class _StagedFiles:
         return sorted((bucket, path) for bucket, (path, _, _) in self._open.items())
 
 
-def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Table]:
+def read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Table]:
     """The rows of staged files, in order, a batch at a time."""
     for path in paths:
         with storage.fs.open_input_stream(storage.path(path)) as source:
@@ -547,7 +547,7 @@ def _read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Tab
 
 def _stage_one_file(
     table: LsmTable, name: str, path: str, policy: LandingPolicy
-) -> tuple[list[tuple[int, pa.Table]], list[_RejectedRow], tuple[int, int, str | None]]:
+) -> tuple[list[tuple[int, pa.Table]], list[RejectedRow], tuple[int, int, str | None]]:
     """One file's good rows by bucket, its rejected rows and its (rows, rejected rows, whole-file reason).
 
     Whatever the file holds, this returns: a file that cannot be read or
@@ -556,18 +556,18 @@ def _stage_one_file(
     """
     try:
         read = read_landing_file(path, policy.csv_null_markers, table.storage_options, policy.cdc_format(name))
-        validated = _validate_file(table, read)
-        rejected = _rejected_rows(name, read, validated.rejections)
+        validated = validate_file(table, read)
+        rejected = rejected_rows(name, read, validated.rejections)
         rows = read.table.num_rows + len(read.rejections)
         return _rows_by_bucket(table, validated.valid), rejected, (rows, len(rejected), None)
     except Exception as exc:
         if _is_platform_fault(exc):
             raise
         reason = _whole_file_reason(name, exc)
-        return [], [_RejectedRow(name, -1, reason, None)], (1, 1, reason)
+        return [], [RejectedRow(name, -1, reason, None)], (1, 1, reason)
 
 
-def _validate_file(table: LsmTable, read: LandingRows) -> ValidatedChanges:
+def validate_file(table: LsmTable, read: LandingRows) -> ValidatedChanges:
     """The file's parsed rows validated; a batch-level problem rejects every row with its reason."""
     try:
         return validate_changes(
@@ -623,23 +623,23 @@ def _rows_by_bucket(table: LsmTable, good: pa.Table) -> list[tuple[int, pa.Table
     return [(int(b), ordered.slice(start, end - start)) for b, start, end in zip(values, starts, ends, strict=True)]
 
 
-def _rejected_rows(name: str, read: LandingRows, invalid: list[Rejection]) -> list[_RejectedRow]:
+def rejected_rows(name: str, read: LandingRows, invalid: list[Rejection]) -> list[RejectedRow]:
     """The file's rejected rows in file-row order: lines that did not parse (with their text), then invalid rows.
 
     An invalid row's record is the row as read, as JSON; its row is its file row.
     """
-    rows = [_RejectedRow(name, r.row, r.reason, r.text) for r in read.rejections]
+    rows = [RejectedRow(name, r.row, r.reason, r.text) for r in read.rejections]
     if invalid:
         records = read.table.take(pa.array([r.row for r in invalid], pa.int64())).to_pylist()
         rows += [
-            _RejectedRow(name, read.file_row(r.row), r.reason, json.dumps(record, default=str))
+            RejectedRow(name, read.file_row(r.row), r.reason, json.dumps(record, default=str))
             for r, record in zip(invalid, records, strict=True)
         ]
     return sorted(rows, key=lambda r: r.row)
 
 
-def _write_quarantine_file(
-    rows: list[_RejectedRow], directory: str, name: str, storage_options: StorageOptions | None
+def write_quarantine_file(
+    rows: list[RejectedRow], directory: str, name: str, storage_options: StorageOptions | None
 ) -> Iterator[int]:
     """Write ``rows`` as JSON Lines (file, row, reason, record) to ``directory/name``, if any; yield the count.
 
@@ -678,7 +678,7 @@ def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWr
     storage = table.storage
     with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
         return list(
-            pool.map(lambda shard_id: _write_shard(table, shard_id, _read_staged(storage, paths[shard_id])), paths)
+            pool.map(lambda shard_id: _write_shard(table, shard_id, read_staged(storage, paths[shard_id])), paths)
         )
 
 

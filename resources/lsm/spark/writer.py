@@ -17,7 +17,15 @@ Spark keeps the query id in the checkpoint, so a restart from the checkpoint
 continues the same write and a fresh checkpoint starts a new one),
 ``quarantine`` (where rejected rows go; default ``<table>/_lsm_ingest/quarantine``),
 ``fail_on_rejects`` (``true``: the job fails when a row was rejected, and
-nothing is applied) and ``storage.<key>`` (Lance storage options).
+nothing is applied), ``storage.<key>`` (Lance storage options),
+``auto_evolve`` (``true``: columns the table lacks are added, nullable,
+before any task runs; otherwise rows holding a value in one are rejected)
+and ``cdc`` (``debezium`` or ``generic``: rows are CDC records, decoded as
+landing files of that format are, with ``cdc.order_by``, ``cdc.op_column``,
+``cdc.delete_values``, ``cdc.upsert_values``, ``cdc.order_columns`` and
+``cdc.drop_columns``, lists comma-separated; ``_seq`` is the record's
+ordering value, which must be one integer such as ``source.lsn`` or
+``ts_ms``, as partitions carry no order).
 
 How one write (a job, or one micro-batch) goes, reusing the landing
 ingestion's machinery (:mod:`resources.lsm.spark.ingest`)::
@@ -51,7 +59,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -60,11 +68,13 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..errors import InvalidChangesError
+from ..format.schema import OP_COLUMN, SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
-from ..ingest.landing import STAGING_DIR, LandingRows
+from ..ingest.cdc import CdcFormat
+from ..ingest.landing import STAGING_DIR, LandingRows, cdc_rows
 from ..table import LsmTable, ShardWriteCount
 from ..write.changes import validate_changes
-from .ingest import _read_staged, _rejected_rows, _RejectedRow, _StagedFiles, _validate_file, _write_quarantine_file
+from .ingest import RejectedRow, StagedFiles, read_staged, rejected_rows, validate_file, write_quarantine_file
 
 WRITES_DIR = "_lsm_ingest/writes"
 """The write ledger: ``<write id>/<shard id>.json`` (last batch applied) and ``<write id>/last-commit.json``."""
@@ -86,6 +96,8 @@ class WriteOptions:
     quarantine_dir: str
     fail_on_rejects: bool
     storage_options: StorageOptions | None
+    cdc: CdcFormat | None = None
+    """The ``cdc`` options: rows are CDC records, decoded like landing files of that format."""
 
 
 def write_options(options: Mapping[str, str], schema: StructType, overwrite: bool) -> WriteOptions:
@@ -107,9 +119,14 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
     if not lowered.get("path"):
         raise ValueError('lance_lsm needs a table URI: df.write.format("lance_lsm").save(uri)')
     table = LsmTable.open(lowered["path"], storage_options=storage_options_of(options))
-    validate_changes(
-        to_arrow_schema(schema).empty_table(), table.schema, table.primary_key, reject_unknown_columns=True
-    )
+    cdc = _cdc_format(lowered)
+    if cdc is None:  # CDC records carry their keys inside envelopes: checked per record
+        frame = to_arrow_schema(schema).empty_table()
+        if lowered.get("auto_evolve", "false").strip().lower() == "true":
+            _add_unknown_columns(table, frame.schema)
+        validate_changes(
+            frame, table.schema, table.primary_key, reject_unknown_columns=True, optional_columns=table.added_columns
+        )
     write_id = lowered.get("write_id")
     if write_id is not None and not _WRITE_ID.match(write_id):
         raise ValueError(f"write_id {write_id!r} must match {_WRITE_ID.pattern}")
@@ -119,7 +136,33 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
         quarantine_dir=lowered.get("quarantine") or table.storage.uri(DEFAULT_QUARANTINE),
         fail_on_rejects=lowered.get("fail_on_rejects", "false").strip().lower() == "true",
         storage_options=table.storage_options,
+        cdc=cdc,
     )
+
+
+def _cdc_format(options: Mapping[str, str]) -> CdcFormat | None:
+    """The ``cdc`` option (``debezium`` or ``generic``) and its ``cdc.<field>`` settings, if given.
+
+    ``_seq`` is the ordering value itself (``sequence="value"``): Spark's
+    partitions and micro-batches carry no order of their own.
+    """
+    kind = options.get("cdc")
+    if not kind:
+        return None
+    lists = {"delete_values", "upsert_values", "order_columns", "drop_columns"}
+    fields: dict[str, Any] = {"kind": kind.strip().lower(), "sequence": "value"}
+    for name in ("order_by", "op_column", *sorted(lists)):
+        if (value := options.get(f"cdc.{name}")) is not None:
+            fields[name] = tuple(v.strip() for v in value.split(",") if v.strip()) if name in lists else value
+    return CdcFormat(**fields)
+
+
+def _add_unknown_columns(table: LsmTable, frame: pa.Schema) -> None:
+    """``auto_evolve``: add the DataFrame's columns the table lacks (nullable), before any task runs."""
+    internal = {OP_COLUMN, SEQ_COLUMN}
+    new = [f.with_nullable(True) for f in frame if f.name not in table.schema.names and f.name not in internal]
+    if new:
+        table.add_columns(new)
 
 
 @dataclass(frozen=True)
@@ -224,20 +267,22 @@ def _staged(messages: list[WriterCommitMessage | None]) -> list[StagedPartition]
 
 
 def changes_of_batch(
-    table: LsmTable, rows: pa.Table, source: str, first_row: int
-) -> tuple[pa.Table, list[_RejectedRow]]:
+    table: LsmTable, rows: pa.Table, source: str, first_row: int, cdc: CdcFormat | None = None
+) -> tuple[pa.Table, list[RejectedRow]]:
     """Turn one incoming Arrow batch into changes: the valid rows and the rejected ones.
 
     The valid rows are :attr:`ValidatedChanges.valid`-shaped (the table's
     columns and types, ``_op``, ``_seq``), in input order. Rejected rows are
     judged exactly as landing-file rows are (a column the table lacks
     rejects the rows holding a value in it); each carries ``source`` and its
-    row number, counted from ``first_row``. This is the one place where
-    incoming rows become changes: a CDC decoding option belongs here.
+    row number, counted from ``first_row``. With ``cdc`` the rows are CDC
+    records, decoded first (malformed ones rejected with their reason).
     """
-    validated = _validate_file(table, LandingRows(rows, []))
-    numbered = LandingRows(rows, [], np.arange(first_row, first_row + rows.num_rows, dtype=np.int64))
-    return validated.valid, _rejected_rows(source, numbered, validated.rejections)
+    read = LandingRows(rows, [], np.arange(first_row, first_row + rows.num_rows, dtype=np.int64))
+    if cdc is not None:
+        read = cdc_rows(read, cdc)
+    validated = validate_file(table, read)
+    return validated.valid, rejected_rows(source, read, validated.rejections)
 
 
 def stage_partition(
@@ -254,19 +299,19 @@ def stage_partition(
     table = LsmTable.open(options.uri, storage_options=options.storage_options)
     prefix = f"part-{task.partitionId():05d}-{task.attemptNumber()}"
     source = f"{staging.rsplit('/', 1)[1]}/part-{task.partitionId():05d}"  # write=<id>-..., partition
-    staged = _StagedFiles(table.storage, staging, prefix)
-    rejected: list[_RejectedRow] = []
+    staged = StagedFiles(table.storage, staging, prefix)
+    rejected: list[RejectedRow] = []
     rows = 0
     try:
         for batch in batches:
-            valid, bad = changes_of_batch(table, pa.Table.from_batches([batch]), source, rows)
+            valid, bad = changes_of_batch(table, pa.Table.from_batches([batch]), source, rows, options.cdc)
             rows, rejected = rows + batch.num_rows, rejected + bad
             for bucket, part in _by_bucket(table, valid):
                 staged.append(bucket, part)
     finally:
         files = staged.close()
     rejected_path = f"{staging}/{prefix}-rejected.json" if rejected else None
-    for _ in _write_quarantine_file(
+    for _ in write_quarantine_file(
         rejected, table.storage.uri(staging), f"{prefix}-rejected.json", options.storage_options
     ):
         pass
@@ -352,7 +397,7 @@ def _apply_shard(
     table: LsmTable, ledger: WriteLedger, shard_id: str, paths: list[str], batch_id: int
 ) -> ShardWriteCount:
     """Write one shard's staged rows (newest per key by ``_seq``), then record the shard as applied."""
-    changes = pa.concat_tables(_read_staged(table.storage, paths))
+    changes = pa.concat_tables(read_staged(table.storage, paths))
     written = table.write_validated(changes).shards
     ledger.record_applied(shard_id, batch_id)
     return written[0] if written else ShardWriteCount(shard_id, 0, 0)

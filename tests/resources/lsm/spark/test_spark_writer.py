@@ -327,3 +327,46 @@ def test_a_dataframe_written_to_an_s3_table_with_an_s3_quarantine_equals_the_ora
     line = json.loads(TableStorage(report.quarantine_path, options).read_bytes(quarantined[0].name))
     assert "primary-key column 'id' is null" in line["reason"]
     assert TableStorage(table_uri, options).list_dir(STAGING_DIR) == []
+
+
+def test_debezium_records_in_shuffled_partitions_resolve_by_their_lsn(spark, make_table):
+    table = make_table()
+    # Key 1: created, updated, deleted, re-created; key 2: created then updated; key 3: a bad envelope.
+    events = [
+        ("c", None, {"id": 1, "name": "a", "price": 1.0}, 10),
+        ("u", {"id": 1, "name": "a", "price": 1.0}, {"id": 1, "name": "a2", "price": 2.0}, 20),
+        ("c", None, {"id": 2, "name": "b", "price": 5.0}, 25),
+        ("d", {"id": 1, "name": "a2", "price": 2.0}, None, 30),
+        ("u", {"id": 2, "name": "b", "price": 5.0}, {"id": 2, "name": "b2", "price": 6.0}, 35),
+        ("c", None, {"id": 1, "name": "a3", "price": 3.0}, 40),
+        ("x", None, {"id": 3, "name": "c", "price": 7.0}, 50),
+    ]
+    rows = [{"op": op, "before": b, "after": a, "source": {"lsn": lsn}} for op, b, a, lsn in reversed(events)]
+    frame = spark.createDataFrame(
+        rows,
+        "op string, before struct<id:long,name:string,price:double>, "
+        "after struct<id:long,name:string,price:double>, source struct<lsn:long>",
+    ).repartition(3)
+
+    _write(frame, table.uri, cdc="debezium", write_id="cdc")
+
+    assert _view(LsmTable.open(table.uri)) == {
+        1: {"id": 1, "name": "a3", "price": 3.0},
+        2: {"id": 2, "name": "b2", "price": 6.0},
+    }
+    report = last_write_report(table.uri, "cdc")
+    assert report is not None and report.rejected == 1  # the unknown op 'x'
+
+
+def test_rows_with_a_new_column_are_quarantined_unless_auto_evolve_adds_it(spark, make_table):
+    table = make_table()
+    frame = spark.createDataFrame([(1, "a", 1.0, "eu")], "id long, name string, price double, region string")
+    _write(frame, table.uri, write_id="refused")
+    report = last_write_report(table.uri, "refused")
+    assert report is not None and report.rejected == 1 and _view(LsmTable.open(table.uri)) == {}
+
+    _write(frame, table.uri, auto_evolve="true")
+
+    evolved = LsmTable.open(table.uri)
+    assert "region" in evolved.schema.names
+    assert _view(evolved) == {1: {"id": 1, "name": "a", "price": 1.0, "region": "eu"}}
