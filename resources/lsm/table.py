@@ -23,6 +23,7 @@ from lance.mem_wal import ShardWriter
 
 from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
 from .format.compaction_marker import read_compacted_generations
+from .format.retry import RetryPolicy, is_transient, retrying
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .format.shard_state import ShardState, load_shard_state
@@ -229,8 +230,9 @@ class LsmTable:
             If the dataset exists but was not created as an LSM table.
         """
         uri = _absolute(uri)
+        policy = RetryPolicy.from_options(storage_options)
         try:
-            dataset = lance.dataset(uri, storage_options=storage_options)
+            dataset = retrying(lambda: lance.dataset(uri, storage_options=storage_options), "open", uri, policy)
         except ValueError as exc:
             if "was not found" in str(exc):
                 raise TableNotFoundError(f"no table at {uri}") from exc
@@ -248,7 +250,9 @@ class LsmTable:
         Lance session, so indexes and file metadata already read (immutable:
         keyed by index UUID and version) are not read again.
         """
-        return lance.dataset(self.uri, storage_options=self.storage_options, session=self._session)
+        return self.storage.retrying(
+            lambda: lance.dataset(self.uri, storage_options=self.storage_options, session=self._session), "open"
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -377,9 +381,7 @@ class LsmTable:
         to_flush = [s for s in targets if s in self._writers or states[s].unflushed_wal_entries > 0]
 
         def flush_shard(shard_id: str) -> str:
-            writer = self._writers.pop(shard_id, None) or self._open_writer(shard_id)
-            with self._fencing_as_error(shard_id):
-                writer.close()
+            self._close_writer(shard_id, self._writers.pop(shard_id, None))
             return shard_id
 
         return list(self._for_each_shard(flush_shard, to_flush))
@@ -394,8 +396,7 @@ class LsmTable:
 
         def close(shard_id: str) -> bool:
             try:
-                with self._fencing_as_error(shard_id):
-                    writers[shard_id].close()
+                self._close_writer(shard_id, writers[shard_id])
                 return False
             except WriterFencedError:
                 return True
@@ -430,8 +431,12 @@ class LsmTable:
         twice. Afterwards the base's files and indexes are tidied per
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
-        return compaction.compact(
-            self, self._shard_list(shard), max_rows_per_pass=max_rows_per_pass, maintenance=maintenance
+        # A failed pass changed nothing or committed whole; a re-run re-plans from the markers.
+        return self.storage.retrying(
+            lambda: compaction.compact(
+                self, self._shard_list(shard), max_rows_per_pass=max_rows_per_pass, maintenance=maintenance
+            ),
+            "compact",
         )
 
     def gc(
@@ -450,12 +455,16 @@ class LsmTable:
         orphan generation directories once older than their grace periods.
         The merged view never changes. See :mod:`resources.lsm.maintenance.gc`.
         """
-        return collect_garbage(
-            self,
-            orphan_grace_seconds=orphan_grace_seconds,
-            wal_grace_seconds=wal_grace_seconds,
-            retain_versions=retain_versions,
-            older_than=older_than,
+        # A run cut short leaves only garbage for the next one: re-running is safe.
+        return self.storage.retrying(
+            lambda: collect_garbage(
+                self,
+                orphan_grace_seconds=orphan_grace_seconds,
+                wal_grace_seconds=wal_grace_seconds,
+                retain_versions=retain_versions,
+                older_than=older_than,
+            ),
+            "gc",
         )
 
     # ------------------------------------------------------------------- reads
@@ -627,13 +636,23 @@ class LsmTable:
             raise ValueError(f"{method} needs columns {expected}, got {changes.schema}")
 
     def _put_resolved(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
-        """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts."""
-        writer = self._writer(shard_id)
-        with self._fencing_as_error(shard_id):
-            for chunk in _slices(upserts, self.max_rows_per_put):
-                writer.put(chunk)
-            for chunk in _slices(deletes, self.max_rows_per_put):
-                writer.delete(chunk)
+        """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts.
+
+        After a transient store error the writer is dropped and everything is
+        put again through a new one (which replays the WAL, including any
+        entry the failed put did write): re-putting one change per key is
+        idempotent, and nothing is acknowledged before every put returned.
+        """
+
+        def put() -> None:
+            writer = self._writer(shard_id)
+            with self._fencing_as_error(shard_id):
+                for chunk in _slices(upserts, self.max_rows_per_put):
+                    writer.put(chunk)
+                for chunk in _slices(deletes, self.max_rows_per_put):
+                    writer.delete(chunk)
+
+        self.storage.retrying(put, f"write shard {shard_id}", before_retry=lambda: self._writers.pop(shard_id, None))
         return ShardWriteCount(
             shard_id, upserts.num_rows if upserts is not None else 0, deletes.num_rows if deletes is not None else 0
         )
@@ -657,6 +676,26 @@ class LsmTable:
         with self._fencing_as_error(shard_id):
             return self.dataset().mem_wal_writer(shard_id, **self._recorded_writer_settings())
 
+    def _close_writer(self, shard_id: str, writer: ShardWriter | None) -> None:
+        """Close ``writer`` (``None``: claim the shard with a new one), flushing its MemTable.
+
+        A close that fails on a transient store error is retried with a new
+        writer: the MemTable's rows are in the WAL, which that writer replays.
+
+        Raises
+        ------
+        WriterFencedError
+            If another writer claimed the shard.
+        """
+        writers = iter([writer] if writer is not None else [])
+
+        def close() -> None:
+            current = next(writers, None) or self._open_writer(shard_id)
+            with self._fencing_as_error(shard_id):
+                current.close()
+
+        self.storage.retrying(close, f"flush shard {shard_id}")
+
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
         return {
@@ -673,12 +712,16 @@ class LsmTable:
         "another writer claimed epoch" or "fenced during open" when the claim
         or WAL replay of a writer being opened loses to another writer. A
         fenced writer is dead: it is forgotten so the next write claims anew.
+        A "fence" after this writer's own PUT failed ("persistence failure":
+        the WAL position may hold its own entry) is a transient store error,
+        left as it is for the caller's retry.
         """
         try:
             yield
         except OSError as exc:
             message = str(exc).lower()
-            if "fenced" not in message and "another writer claimed" not in message:
+            fenced = "fenced" in message or "another writer claimed" in message
+            if not fenced or is_transient(exc):
                 raise
             self._writers.pop(shard_id, None)
             raise WriterFencedError(
