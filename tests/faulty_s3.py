@@ -14,7 +14,8 @@ The kinds, as object storage fails in practice:
 - ``delay``: the request is applied, and the answer is held for
   ``delay_seconds`` (set it past the client's timeout).
 - ``truncate``: the request is applied, and the answer's body is cut in half
-  (the full ``Content-Length`` is announced), then the connection is reset.
+  (the full ``Content-Length`` is announced; an answer without a body loses
+  half its headers), then the connection is reset.
 
 :meth:`FaultyS3.outage` answers every request with 503 while it lasts. Counts
 per kind and of all requests are kept in :attr:`FaultyS3.counts`.
@@ -173,7 +174,7 @@ class _Handler(socketserver.StreamRequestHandler):
         if kind == "delay":
             time.sleep(self.server.proxy.plan.delay_seconds)
         if kind == "truncate":
-            self.wfile.write(response.header_bytes() + response.body[: len(response.body) // 2])
+            self.wfile.write(_truncated(response))
             self.wfile.flush()
             self._reset()
             return False
@@ -228,6 +229,14 @@ def _forward(connection: http.client.HTTPConnection, request: _Request) -> _Resp
     answer = connection.getresponse()
     body = answer.read()
     return _Response(answer.status, answer.reason, answer.getheaders(), body, head=request.method == "HEAD")
+
+
+def _truncated(response: _Response) -> bytes:
+    """The answer cut short: half its body, or half its headers when it has no body (a HEAD, a PUT's)."""
+    head = response.header_bytes()
+    if response.head or len(response.body) < 2:
+        return head[: len(head) // 2]
+    return head + response.body[: len(response.body) // 2]
 
 
 def _error_response(status: int, code: str, request: _Request) -> _Response:

@@ -36,6 +36,7 @@ _EXPORTS = {
     "Reclaimed": ".maintenance.gc",
     "InvalidChangesError": ".errors",
     "Rejection": ".errors",
+    "StorageUnavailableError": ".errors",
     "TableNotFoundError": ".errors",
     "WriterFencedError": ".errors",
     "LsmTable": ".table",
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # `X as X`: explicit re-exports for type checkers (`__all__` 
     from .errors import (
         InvalidChangesError as InvalidChangesError,
         Rejection as Rejection,
+        StorageUnavailableError as StorageUnavailableError,
         TableNotFoundError as TableNotFoundError,
         WriterFencedError as WriterFencedError,
     )

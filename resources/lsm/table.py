@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
+from .errors import InvalidChangesError, StorageUnavailableError, TableNotFoundError, WriterFencedError
 from .format.compaction_marker import read_compacted_generations
-from .format.retry import RetryPolicy, is_transient, retrying
+from .format.retry import RetryPolicy, bounded, is_transient, retrying
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import OP_COLUMN, SEQ_COLUMN, empty_tail, with_primary_key
 from .format.shard_state import ShardState, load_shard_state
@@ -652,7 +652,16 @@ class LsmTable:
                 for chunk in _slices(deletes, self.max_rows_per_put):
                     writer.delete(chunk)
 
-        self.storage.retrying(put, f"write shard {shard_id}", before_retry=lambda: self._writers.pop(shard_id, None))
+        operation = f"write shard {shard_id}"
+        try:
+            self.storage.retrying(
+                lambda: bounded(put, operation, self.uri, self.storage.retry_policy.timeout),
+                operation,
+                before_retry=lambda: self._writers.pop(shard_id, None),
+            )
+        except StorageUnavailableError:
+            self._writers.pop(shard_id, None)  # possibly stuck in the outage: the next write claims anew
+            raise
         return ShardWriteCount(
             shard_id, upserts.num_rows if upserts is not None else 0, deletes.num_rows if deletes is not None else 0
         )
@@ -694,7 +703,8 @@ class LsmTable:
             with self._fencing_as_error(shard_id):
                 current.close()
 
-        self.storage.retrying(close, f"flush shard {shard_id}")
+        operation = f"flush shard {shard_id}"
+        self.storage.retrying(lambda: bounded(close, operation, self.uri, self.storage.retry_policy.timeout), operation)
 
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from ..errors import StorageUnavailableError
 
@@ -38,7 +38,7 @@ DEFAULT_CONNECT_TIMEOUT_SECONDS = 5.0
 # Errors that say nothing about the store's health: never retried.
 _PERMANENT = re.compile(
     r"fenced|another writer claimed|was taken|commit conflict|stale sstable|too many concurrent writers"
-    r"|access.?denied|no.?such.?bucket|invalid.?access.?key|signature",
+    r"|access.?denied|no.?such.?bucket|invalid.?access.?key|signature|not.?found",
     re.IGNORECASE,
 )
 # What Lance's object_store and pyarrow's AWS SDK say when a request failed on the way.
@@ -54,15 +54,20 @@ def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` is an object-store request that failed on the way (so a retry may succeed).
 
     ``FileNotFoundError`` and the like, fences, lost commit races, and
-    anything that is not an ``OSError`` are not transient.
+    anything that is not an ``OSError`` (or pylance's ``ValueError`` for an
+    I/O error) are not transient.
     """
     if isinstance(exc, StorageUnavailableError):
         return False  # a deadline already passed below
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return True
-    if not isinstance(exc, OSError) or isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError)):
-        return False
     message = str(exc)
+    # pylance raises some store errors (opening a dataset) as ValueError("LanceError(IO): ...").
+    lance_io = isinstance(exc, ValueError) and "LanceError(IO)" in message
+    if not (isinstance(exc, OSError) or lance_io) or isinstance(
+        exc, (FileNotFoundError, FileExistsError, PermissionError)
+    ):
+        return False
     if "persistence failure" in message:
         # Lance's writer fenced itself after its own PUT failed: the position
         # may hold its own entry. A new writer replays the WAL and resolves it.
@@ -130,6 +135,41 @@ class RetryCounts:
 
 RETRY_COUNTS = RetryCounts()
 """What :func:`retrying` did in this process (reported by the fault soak; cheap to keep)."""
+
+
+def bounded(call: Callable[[], _T], operation: str, location: str, seconds: float) -> _T:
+    """``call()``, waited for at most ``seconds``, on a thread of its own.
+
+    For calls into Lance that wait on storage without a deadline of their
+    own: in pylance 14.0.2 a durable ``ShardWriter.put`` (and ``close``)
+    waits for its WAL flush, which Lance retries for as long as the store
+    fails. On timeout the call is abandoned (its thread runs on, and may
+    still complete: the write may or may not be applied).
+
+    Raises
+    ------
+    StorageUnavailableError
+        If ``call`` has not returned within ``seconds``.
+    """
+    outcome: list[tuple[bool, object]] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the waiting caller
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"lsm-bounded-{operation}", daemon=True).start()
+    if not done.wait(seconds):
+        RETRY_COUNTS.add(RETRY_COUNTS.unavailable, operation)
+        raise StorageUnavailableError(location, operation, seconds, TimeoutError(f"no answer in {seconds:g} s"))
+    succeeded, value = outcome[0]
+    if not succeeded:
+        raise cast(BaseException, value)
+    return cast(_T, value)
 
 
 def retrying(

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InvalidChangesError, Rejection
+from ..errors import InvalidChangesError, Rejection, StorageUnavailableError
 from ..format.schema import SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
@@ -541,7 +541,14 @@ def _whole_file_reason(name: str, exc: BaseException) -> str:
     return message if message.startswith(name) else f"{name}: {message}"
 
 
-_PLATFORM_FAULTS = (MemoryError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError)
+_PLATFORM_FAULTS = (
+    MemoryError,
+    ConnectionError,
+    TimeoutError,
+    PermissionError,
+    FileNotFoundError,
+    StorageUnavailableError,
+)
 
 
 def _is_platform_fault(exc: BaseException) -> bool:
