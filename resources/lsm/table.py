@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -277,6 +278,10 @@ class LsmTable:
             If another writer claimed a shard. Shards written before the fence
             keep their rows; the call can be retried (writes are idempotent
             upserts/deletes).
+        StorageUnavailableError
+            If the store kept failing past ``client_retry_timeout`` (transient
+            errors are retried until then). The call may or may not have been
+            applied, key by key; it can be repeated.
         """
         validated = validate_changes(data, self.schema, self.primary_key)
         if validated.rejections:
@@ -644,8 +649,11 @@ class LsmTable:
         idempotent, and nothing is acknowledged before every put returned.
         """
 
-        def put() -> None:
-            writer = self._writer(shard_id)
+        def put(abandoned: threading.Event) -> None:
+            writer = self._writers.get(shard_id) or self._open_writer(shard_id)
+            if abandoned.is_set():
+                return  # given up on while opening: never registered, so it cannot fence a later attempt's
+            self._writers[shard_id] = writer
             with self._fencing_as_error(shard_id):
                 for chunk in _slices(upserts, self.max_rows_per_put):
                     writer.put(chunk)
@@ -698,7 +706,7 @@ class LsmTable:
         """
         writers = iter([writer] if writer is not None else [])
 
-        def close() -> None:
+        def close(_: threading.Event) -> None:
             current = next(writers, None) or self._open_writer(shard_id)
             with self._fencing_as_error(shard_id):
                 current.close()

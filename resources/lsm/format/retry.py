@@ -137,14 +137,15 @@ RETRY_COUNTS = RetryCounts()
 """What :func:`retrying` did in this process (reported by the fault soak; cheap to keep)."""
 
 
-def bounded(call: Callable[[], _T], operation: str, location: str, seconds: float) -> _T:
-    """``call()``, waited for at most ``seconds``, on a thread of its own.
+def bounded(call: Callable[[threading.Event], _T], operation: str, location: str, seconds: float) -> _T:
+    """``call(abandoned)``, waited for at most ``seconds``, on a thread of its own.
 
     For calls into Lance that wait on storage without a deadline of their
     own: in pylance 14.0.2 a durable ``ShardWriter.put`` (and ``close``)
     waits for its WAL flush, which Lance retries for as long as the store
-    fails. On timeout the call is abandoned (its thread runs on, and may
-    still complete: the write may or may not be applied).
+    fails. On timeout the call is abandoned: ``abandoned`` is set, and its
+    thread runs on (it may still complete: the write may or may not be
+    applied), so ``call`` checks the event before it changes shared state.
 
     Raises
     ------
@@ -152,11 +153,11 @@ def bounded(call: Callable[[], _T], operation: str, location: str, seconds: floa
         If ``call`` has not returned within ``seconds``.
     """
     outcome: list[tuple[bool, object]] = []
-    done = threading.Event()
+    done, abandoned = threading.Event(), threading.Event()
 
     def run() -> None:
         try:
-            outcome.append((True, call()))
+            outcome.append((True, call(abandoned)))
         except BaseException as exc:  # handed to the waiting caller
             outcome.append((False, exc))
         finally:
@@ -164,6 +165,7 @@ def bounded(call: Callable[[], _T], operation: str, location: str, seconds: floa
 
     threading.Thread(target=run, name=f"lsm-bounded-{operation}", daemon=True).start()
     if not done.wait(seconds):
+        abandoned.set()
         RETRY_COUNTS.add(RETRY_COUNTS.unavailable, operation)
         raise StorageUnavailableError(location, operation, seconds, TimeoutError(f"no answer in {seconds:g} s"))
     succeeded, value = outcome[0]
