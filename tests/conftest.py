@@ -65,6 +65,10 @@ def s3_root(s3_server, monkeypatch, request):
     return f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}"
 
 
+# Short client timeouts, so that the proxy's delayed answers (3 s) time out; a 30 s retry deadline.
+FAULT_TEST_STORAGE_OPTIONS = {"timeout": "2s", "connect_timeout": "1s", "client_retry_timeout": "30"}
+
+
 @pytest.fixture
 def faulty_s3(s3_server, s3_root):
     """A fault-injecting proxy (tests/faulty_s3.py) in front of the session's server, injecting nothing yet.
@@ -78,6 +82,3 @@ def faulty_s3(s3_server, s3_root):
     with proxy_in_front_of(s3_server) as proxy:
         options = {**proxy.server.storage_options(), **FAULT_TEST_STORAGE_OPTIONS}
         yield proxy, s3_root, options
-
-
-FAULT_TEST_STORAGE_OPTIONS = {"timeout": "2s", "connect_timeout": "1s", "client_retry_timeout": "30"}
