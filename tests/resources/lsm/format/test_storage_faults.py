@@ -8,6 +8,7 @@ acknowledged row in place.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -24,6 +25,16 @@ OUTAGE_OPTIONS = {"client_retry_timeout": "2", "client_max_retries": "1"}
 
 def _view(table: LsmTable) -> dict:
     return {k[0]: v for k, v in rows_by_key(table.read()).items()}
+
+
+def _abandoned_calls_finish(patience: float = 60.0) -> bool:
+    """Whether every call ``retry.bounded`` gave up on has returned within ``patience`` seconds."""
+    deadline = time.monotonic() + patience
+    while any(t.name.startswith("lsm-bounded-") for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -98,6 +109,8 @@ def test_persistent_outage_is_storage_unavailable_naming_the_table_and_loses_not
             assert time.monotonic() - started < 30, name
             assert table.uri in str(raised.value) and raised.value.location == table.uri, name
     assert proxy.faults()["outage"] > len(operations)
+    # Memory stays bounded: the puts given up on in the outage finish once the store answers again.
+    assert _abandoned_calls_finish(), [t.name for t in threading.enumerate()]
 
     # Once the store is back: everything acknowledged is there; the failed write may or may not have
     # been applied (a put abandoned in the outage can complete after it), key by key, and can be repeated.
