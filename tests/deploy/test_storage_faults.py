@@ -151,7 +151,9 @@ def _ingest_round(ingest_uri: str, options: dict, observed: Observed, number: in
             return
         observed.failed["ingest_job"] += 1
         failure = next(e.step_failure_data.error for e in result.all_events if e.is_step_failure)
-        observed.errors.append(f"ingest_job: {(failure.cause or failure).message[:300]}")
+        observed.errors.append(
+            f"ingest_job: {(failure.cause or failure).message.strip()[-300:]}"
+        )  # the error, not the traceback
     pytest.fail(f"ingest_job round {number} did not succeed in {MAX_RUNS_PER_ROUND} runs: {observed.errors[-3:]}")
 
 
