@@ -63,3 +63,22 @@ def s3_root(s3_server, monkeypatch, request):
         monkeypatch.setenv(name, value)
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", request.node.name)[:40]
     return f"s3://{s3_server.bucket}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+# Short client timeouts, so that the proxy's delayed answers (3 s) time out; a 30 s retry deadline.
+FAULT_TEST_STORAGE_OPTIONS = {"timeout": "2s", "connect_timeout": "1s", "client_retry_timeout": "30"}
+
+
+@pytest.fixture
+def faulty_s3(s3_server, s3_root):
+    """A fault-injecting proxy (tests/faulty_s3.py) in front of the session's server, injecting nothing yet.
+
+    Yields ``(proxy, root, storage_options)``: ``root`` is this test's empty ``s3://``
+    prefix, and the options point Lance and pyarrow at the proxy with short client
+    timeouts (so a delayed answer times out) and a 30 s retry deadline.
+    """
+    from tests.faulty_s3 import faulty_s3 as proxy_in_front_of
+
+    with proxy_in_front_of(s3_server) as proxy:
+        options = {**proxy.server.storage_options(), **FAULT_TEST_STORAGE_OPTIONS}
+        yield proxy, s3_root, options

@@ -37,6 +37,7 @@ _EXPORTS = {
     "Reclaimed": ".maintenance.gc",
     "InvalidChangesError": ".errors",
     "Rejection": ".errors",
+    "StorageUnavailableError": ".errors",
     "TableNotFoundError": ".errors",
     "WriterFencedError": ".errors",
     "LsmTable": ".table",
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # `X as X`: explicit re-exports for type checkers (`__all__` 
     from .errors import (
         InvalidChangesError as InvalidChangesError,
         Rejection as Rejection,
+        StorageUnavailableError as StorageUnavailableError,
         TableNotFoundError as TableNotFoundError,
         WriterFencedError as WriterFencedError,
     )

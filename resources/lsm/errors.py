@@ -50,3 +50,23 @@ class Rejection:
 
     def __str__(self) -> str:
         return f"row {self.row}: {self.reason}"
+
+
+class StorageUnavailableError(OSError):
+    """The object store kept failing past the retry deadline; the operation did not complete.
+
+    Raised instead of a transient ``OSError`` once ``client_retry_timeout``
+    (a storage option, default 180 s) has passed since the first failure
+    (see :mod:`resources.lsm.format.retry`). Nothing unacknowledged was
+    promised: rows acknowledged before are durable, a write that raised this
+    may or may not be applied and is safe to repeat, and maintenance re-runs
+    pick up where the failed run stopped. ``location`` is the table (or
+    other) URI, ``operation`` what was being done.
+    """
+
+    def __init__(self, location: str, operation: str, timeout: float, cause: BaseException) -> None:
+        self.location, self.operation = location, operation
+        super().__init__(
+            f"storage at {location} unavailable: {operation} kept failing for {timeout:g} s "
+            f"(client_retry_timeout); last error: {cause}"
+        )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 from lance.mem_wal import ShardWriter
 
-from .errors import InvalidChangesError, TableNotFoundError, WriterFencedError
+from .errors import InvalidChangesError, StorageUnavailableError, TableNotFoundError, WriterFencedError
 from .format.compaction_marker import read_compacted_generations
+from .format.retry import RetryPolicy, bounded, is_transient, retrying
 from .format.routing import ShardRouter, shard_ids_for
 from .format.schema import (
     ADDED_COLUMN_METADATA,
@@ -245,8 +247,9 @@ class LsmTable:
             If the dataset exists but was not created as an LSM table.
         """
         uri = _absolute(uri)
+        policy = RetryPolicy.from_options(storage_options)
         try:
-            dataset = lance.dataset(uri, storage_options=storage_options)
+            dataset = retrying(lambda: lance.dataset(uri, storage_options=storage_options), "open", uri, policy)
         except ValueError as exc:
             if "was not found" in str(exc):
                 raise TableNotFoundError(f"no table at {uri}") from exc
@@ -264,7 +267,9 @@ class LsmTable:
         Lance session, so indexes and file metadata already read (immutable:
         keyed by index UUID and version) are not read again.
         """
-        return lance.dataset(self.uri, storage_options=self.storage_options, session=self._session)
+        return self.storage.retrying(
+            lambda: lance.dataset(self.uri, storage_options=self.storage_options, session=self._session), "open"
+        )
 
     # ------------------------------------------------------------------ writes
 
@@ -289,6 +294,10 @@ class LsmTable:
             If another writer claimed a shard. Shards written before the fence
             keep their rows; the call can be retried (writes are idempotent
             upserts/deletes).
+        StorageUnavailableError
+            If the store kept failing past ``client_retry_timeout`` (transient
+            errors are retried until then). The call may or may not have been
+            applied, key by key; it can be repeated.
         """
         validated = validate_changes(data, self.schema, self.primary_key, optional_columns=self.added_columns)
         if validated.rejections:
@@ -448,9 +457,7 @@ class LsmTable:
         to_flush = [s for s in targets if s in self._writers or states[s].unflushed_wal_entries > 0]
 
         def flush_shard(shard_id: str) -> str:
-            writer = self._writers.pop(shard_id, None) or self._open_writer(shard_id)
-            with self._fencing_as_error(shard_id):
-                writer.close()
+            self._close_writer(shard_id, self._writers.pop(shard_id, None))
             return shard_id
 
         return list(self._for_each_shard(flush_shard, to_flush))
@@ -465,8 +472,7 @@ class LsmTable:
 
         def close(shard_id: str) -> bool:
             try:
-                with self._fencing_as_error(shard_id):
-                    writers[shard_id].close()
+                self._close_writer(shard_id, writers[shard_id])
                 return False
             except WriterFencedError:
                 return True
@@ -502,7 +508,11 @@ class LsmTable:
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
         shard_ids = self._shard_list(shard)
-        result = compaction.compact(self, shard_ids, max_rows_per_pass=max_rows_per_pass, maintenance=maintenance)
+        # A failed pass changed nothing or committed whole; a re-run re-plans from the markers.
+        result = self.storage.retrying(
+            lambda: compaction.compact(self, shard_ids, max_rows_per_pass=max_rows_per_pass, maintenance=maintenance),
+            "compact",
+        )
         self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
         return result
 
@@ -572,12 +582,16 @@ class LsmTable:
         orphan generation directories once older than their grace periods.
         The merged view never changes. See :mod:`resources.lsm.maintenance.gc`.
         """
-        return collect_garbage(
-            self,
-            orphan_grace_seconds=orphan_grace_seconds,
-            wal_grace_seconds=wal_grace_seconds,
-            retain_versions=retain_versions,
-            older_than=older_than,
+        # A run cut short leaves only garbage for the next one: re-running is safe.
+        return self.storage.retrying(
+            lambda: collect_garbage(
+                self,
+                orphan_grace_seconds=orphan_grace_seconds,
+                wal_grace_seconds=wal_grace_seconds,
+                retain_versions=retain_versions,
+                older_than=older_than,
+            ),
+            "gc",
         )
 
     # ------------------------------------------------------------------- reads
@@ -756,16 +770,39 @@ class LsmTable:
             raise ValueError(f"{method} needs columns {expected}, got {changes.schema}")
 
     def _put_resolved(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
-        """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts."""
-        writer = self._writer(shard_id)
-        if upserts is not None and upserts.schema.names != self._writer_schemas[shard_id].names:
-            # Columns were added since these rows were validated: the writer wants them (null).
-            upserts = conform(upserts, self._writer_schemas[shard_id])
-        with self._fencing_as_error(shard_id):
-            for chunk in _slices(upserts, self.max_rows_per_put):
-                writer.put(chunk)
-            for chunk in _slices(deletes, self.max_rows_per_put):
-                writer.delete(chunk)
+        """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts.
+
+        After a transient store error the writer is dropped and everything is
+        put again through a new one (which replays the WAL, including any
+        entry the failed put did write): re-putting one change per key is
+        idempotent, and nothing is acknowledged before every put returned.
+        """
+
+        def put(abandoned: threading.Event) -> None:
+            writer = self._writers.get(shard_id) or self._open_writer(shard_id)
+            if abandoned.is_set():
+                return  # given up on while opening: never registered, so it cannot fence a later attempt's
+            self._writers[shard_id] = writer
+            rows = upserts
+            if rows is not None and rows.schema.names != self._writer_schemas[shard_id].names:
+                # Columns were added since these rows were validated: the writer wants them (null).
+                rows = conform(rows, self._writer_schemas[shard_id])
+            with self._fencing_as_error(shard_id):
+                for chunk in _slices(rows, self.max_rows_per_put):
+                    writer.put(chunk)
+                for chunk in _slices(deletes, self.max_rows_per_put):
+                    writer.delete(chunk)
+
+        operation = f"write shard {shard_id}"
+        try:
+            self.storage.retrying(
+                lambda: self._bounded(put, operation),
+                operation,
+                before_retry=lambda: self._writers.pop(shard_id, None),
+            )
+        except StorageUnavailableError:
+            self._writers.pop(shard_id, None)  # possibly stuck in the outage: the next write claims anew
+            raise
         return ShardWriteCount(
             shard_id, upserts.num_rows if upserts is not None else 0, deletes.num_rows if deletes is not None else 0
         )
@@ -792,6 +829,37 @@ class LsmTable:
         self._writer_schemas[shard_id] = dataset.schema
         return writer
 
+    def _close_writer(self, shard_id: str, writer: ShardWriter | None) -> None:
+        """Close ``writer`` (``None``: claim the shard with a new one), flushing its MemTable.
+
+        A close that fails on a transient store error is retried with a new
+        writer: the MemTable's rows are in the WAL, which that writer replays.
+
+        Raises
+        ------
+        WriterFencedError
+            If another writer claimed the shard.
+        """
+        writers = iter([writer] if writer is not None else [])
+
+        def close(_: threading.Event) -> None:
+            current = next(writers, None) or self._open_writer(shard_id)
+            with self._fencing_as_error(shard_id):
+                current.close()
+
+        operation = f"flush shard {shard_id}"
+        self.storage.retrying(lambda: self._bounded(close, operation), operation)
+
+    def _bounded(self, call: Callable[[threading.Event], _T], operation: str) -> _T:
+        """``call`` waited for at most ``client_retry_timeout`` on an object store (:func:`bounded`).
+
+        On a local path it runs on the caller's thread: there is no store
+        outage to wait out, and a thread per put costs about 0.5 ms.
+        """
+        if "://" not in self.uri:
+            return call(threading.Event())
+        return bounded(call, operation, self.uri, self.storage.retry_policy.timeout)
+
     def _recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
         return {
@@ -808,12 +876,16 @@ class LsmTable:
         "another writer claimed epoch" or "fenced during open" when the claim
         or WAL replay of a writer being opened loses to another writer. A
         fenced writer is dead: it is forgotten so the next write claims anew.
+        A "fence" after this writer's own PUT failed ("persistence failure":
+        the WAL position may hold its own entry) is a transient store error,
+        left as it is for the caller's retry.
         """
         try:
             yield
         except OSError as exc:
             message = str(exc).lower()
-            if "fenced" not in message and "another writer claimed" not in message:
+            fenced = "fenced" in message or "another writer claimed" in message
+            if not fenced or is_transient(exc):
                 raise
             self._writers.pop(shard_id, None)
             raise WriterFencedError(

@@ -8,12 +8,18 @@ quarantine, a landing file) the same way.
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TypeAlias, TypeVar
 
 import pyarrow.fs as pafs
+
+from .retry import DEFAULT_CONNECT_TIMEOUT_SECONDS, DEFAULT_MAX_RETRIES, RetryPolicy, duration_seconds, option, retrying
+
+_T = TypeVar("_T")
 
 StorageOptions: TypeAlias = dict[str, str]
 """Lance's object-store options (``aws_endpoint``, ``aws_region``, ``allow_http``, ...).
@@ -38,6 +44,11 @@ _S3_ARGUMENTS = {
     "endpoint_url": "endpoint_override",
 }
 
+_S3_ENVIRONMENT = {
+    "endpoint_override": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+    "region": ("AWS_REGION", "AWS_DEFAULT_REGION"),
+}
+
 
 def filesystem(location: str, storage_options: StorageOptions | None = None) -> tuple[pafs.FileSystem, str]:
     """The ``pyarrow.fs`` filesystem holding ``location`` and its path there (no trailing ``/``).
@@ -46,20 +57,33 @@ def filesystem(location: str, storage_options: StorageOptions | None = None) -> 
     ``s3://`` URI with ``storage_options`` gets an ``S3FileSystem`` built
     from the options pyarrow understands (credentials, region, endpoint: an
     ``http://`` endpoint is used as plain HTTP); anything the options leave
-    out comes from the environment, as for every other URI. Nothing is
-    contacted until the filesystem is used.
+    out comes from the environment, as for every other URI. Every ``s3://``
+    filesystem retries requests as Lance does (``client_max_retries``,
+    ``connect_timeout``). Nothing is contacted until the filesystem is used.
     """
     if "://" not in location:
         return pafs.LocalFileSystem(), os.path.abspath(location)
-    if storage_options and location.startswith("s3://"):
-        return _s3_filesystem(storage_options), location.removeprefix("s3://").rstrip("/")
+    if location.startswith("s3://"):
+        return _s3_filesystem(storage_options or {}), location.removeprefix("s3://").rstrip("/")
     fs, path = pafs.FileSystem.from_uri(location)
     return fs, path.rstrip("/")
 
 
 def _s3_filesystem(storage_options: StorageOptions) -> pafs.S3FileSystem:
     arguments = {_S3_ARGUMENTS[k.lower()]: v for k, v in storage_options.items() if k.lower() in _S3_ARGUMENTS}
-    return pafs.S3FileSystem(**arguments)
+    # What pyarrow's from_uri would take from the environment, and its constructor does not.
+    for argument, variables in _S3_ENVIRONMENT.items():
+        found = next((os.environ[v] for v in variables if os.environ.get(v)), None)
+        if argument not in arguments and found:
+            arguments[argument] = found
+    retries = option(storage_options, "client_max_retries", "OBJECT_STORE_CLIENT_MAX_RETRIES")
+    connect = option(storage_options, "connect_timeout", "OBJECT_STORE_CONNECT_TIMEOUT")
+    return pafs.S3FileSystem(
+        **arguments,
+        # The AWS SDK counts attempts, Lance counts retries.
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1 + int(retries or DEFAULT_MAX_RETRIES)),
+        connect_timeout=duration_seconds(connect) if connect else DEFAULT_CONNECT_TIMEOUT_SECONDS,
+    )
 
 
 def join(location: str, name: str) -> str:
@@ -78,11 +102,19 @@ class TableStorage:
     """Read-mostly access to files below one root directory (a table's, a landing directory).
 
     ``storage_options`` as for :func:`filesystem`: the options the table was opened with.
+
+    Every method retries transient store errors (:func:`~resources.lsm.format.retry.retrying`,
+    deadline ``client_retry_timeout``) and then raises ``StorageUnavailableError``.
     """
 
     def __init__(self, uri: str, storage_options: StorageOptions | None = None) -> None:
         self.fs, self.root = filesystem(uri, storage_options)
         self.location, self.storage_options = uri, storage_options
+        self.retry_policy = RetryPolicy.from_options(storage_options)
+
+    def retrying(self, call: Callable[[], _T], operation: str, before_retry: Callable[[], object] | None = None) -> _T:
+        """``call()`` with this location's retries (it must be safe to repeat); see :func:`retrying`."""
+        return retrying(call, operation, self.location, self.retry_policy, before_retry)
 
     def uri(self, relative: str) -> str:
         """``relative`` as Lance opens it (a URI, or an absolute local path); pass :attr:`storage_options` too."""
@@ -93,12 +125,17 @@ class TableStorage:
 
     def read_bytes(self, relative: str) -> bytes:
         """The whole file; ``FileNotFoundError`` if it does not exist."""
-        with self.fs.open_input_file(self.path(relative)) as f:
-            data: bytes = f.read()
-        return data
+
+        def read() -> bytes:
+            with self.fs.open_input_file(self.path(relative)) as f:
+                data: bytes = f.read()
+            return data
+
+        return self.retrying(read, f"read {relative}")
 
     def exists(self, relative: str) -> bool:
-        found: bool = self.fs.get_file_info(self.path(relative)).type != pafs.FileType.NotFound
+        info = self.retrying(lambda: self.fs.get_file_info(self.path(relative)), f"stat {relative}")
+        found: bool = info.type != pafs.FileType.NotFound
         return found
 
     def list_dir(self, relative: str) -> list[FileEntry]:
@@ -112,22 +149,48 @@ class TableStorage:
 
     def _children(self, relative: str) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
-        infos: list[pafs.FileInfo] = self.fs.get_file_info(selector)
+        infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), f"list {relative}")
         return infos
 
     def move(self, relative: str, to: str) -> None:
-        """Move a file (a rename where the store has one), creating ``to``'s directory."""
+        """Move a file (a rename where the store has one), creating ``to``'s directory.
+
+        A retry that finds the source gone and the destination there counts
+        as done: the failed attempt was applied.
+        """
         destination = self.path(to)
-        self.fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
-        self.fs.move(self.path(relative), destination)
+
+        def move(retry: bool) -> None:
+            self.fs.create_dir(destination.rsplit("/", 1)[0], recursive=True)
+            try:
+                self.fs.move(self.path(relative), destination)
+            except FileNotFoundError:
+                if not retry or self.fs.get_file_info(destination).type == pafs.FileType.NotFound:
+                    raise
+
+        self._repeatable(move, f"move {relative}")
 
     def delete_file(self, relative: str) -> None:
-        self.fs.delete_file(self.path(relative))
+        """Delete a file; ``FileNotFoundError`` if it does not exist (unless a failed attempt deleted it)."""
+
+        def delete(retry: bool) -> None:
+            try:
+                self.fs.delete_file(self.path(relative))
+            except FileNotFoundError:
+                if not retry:
+                    raise
+
+        self._repeatable(delete, f"delete {relative}")
+
+    def _repeatable(self, call: Callable[[bool], None], operation: str) -> None:
+        """:meth:`retrying` for a ``call`` told whether it is a retry (an earlier attempt may have been applied)."""
+        attempts = itertools.count()
+        self.retrying(lambda: call(next(attempts) > 0), operation)
 
     def delete_dir(self, relative: str) -> None:
         """Delete a directory and everything below it; nothing if it does not exist."""
         if self.exists(relative):
-            self.fs.delete_dir(self.path(relative))
+            self.retrying(lambda: self.fs.delete_dir(self.path(relative)), f"delete {relative}/")
 
     def write_bytes_atomic(self, relative: str, data: bytes) -> None:
         """Write a file so that readers see either nothing or all of it.
@@ -136,8 +199,13 @@ class TableStorage:
         stores make a single PUT visible atomically anyway.
         """
         path = self.path(relative)
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        staging = f"{path}.{uuid.uuid4().hex}.tmp"
-        with self.fs.open_output_stream(staging) as out:
-            out.write(data)
-        self.fs.move(staging, path)
+
+        def write() -> None:
+            # A fresh staging name per attempt: a failed attempt's leftover is never moved.
+            self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            staging = f"{path}.{uuid.uuid4().hex}.tmp"
+            with self.fs.open_output_stream(staging) as out:
+                out.write(data)
+            self.fs.move(staging, path)
+
+        self.retrying(write, f"write {relative}")

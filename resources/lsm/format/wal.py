@@ -27,8 +27,9 @@ def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) ->
         If the file is truncated or not Arrow IPC.
     """
     path = f"{shard_dir(shard_id)}/wal/{entry.name}"
+    data = storage.read_bytes(path)  # a store error is not corruption: it propagates as it is
     try:
-        reader = ipc.open_stream(storage.read_bytes(path))
+        reader = ipc.open_stream(data)
         table = reader.read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptWalEntryError(

@@ -30,6 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..format.retry import RetryPolicy, retrying
 from ..format.storage import StorageOptions, TableStorage, filesystem, join
 from ..write.changes import loose_column
 from .cdc import CdcFormat, records_to_changes, to_changes
@@ -246,8 +247,9 @@ def read_landing_file(
         raise UnreadableFileError(f"{name}: unsupported file type")
     try:
         fs, fs_path = filesystem(path, storage_options)
-        with fs.open_input_file(fs_path) as source:
-            data = source.read_buffer()
+        data = retrying(
+            lambda: _read_buffer(fs, fs_path), f"read {name}", path, RetryPolicy.from_options(storage_options)
+        )
         if kind == "json":
             return _read_json_lines(data, name, cdc)
         if kind == "parquet":
@@ -257,6 +259,11 @@ def read_landing_file(
         return read if cdc is None else cdc_rows(read, cdc)
     except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
         raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
+
+
+def _read_buffer(fs: pafs.FileSystem, path: str) -> pa.Buffer:
+    with fs.open_input_file(path) as source:
+        return source.read_buffer()
 
 
 _CSV_MIN_BLOCK_BYTES = 1 << 20

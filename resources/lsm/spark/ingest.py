@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, TypeAlias, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InvalidChangesError, Rejection
+from ..errors import InvalidChangesError, Rejection, StorageUnavailableError
 from ..format.schema import CHANGE_COLUMNS, SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
@@ -538,11 +538,14 @@ class StagedFiles:
 
 
 def read_staged(storage: TableStorage, paths: Iterable[str]) -> Iterator[pa.Table]:
-    """The rows of staged files, in order, a batch at a time."""
+    """The rows of staged files, in order, a batch at a time.
+
+    Each file is read whole, with the store's retries (a transient error
+    mid-stream could not be resumed), so memory holds one staged file.
+    """
     for path in paths:
-        with storage.fs.open_input_stream(storage.path(path)) as source:
-            for batch in pa.ipc.open_stream(source):
-                yield pa.Table.from_batches([batch])
+        for batch in pa.ipc.open_stream(pa.BufferReader(storage.read_bytes(path))):
+            yield pa.Table.from_batches([batch])
 
 
 def _stage_one_file(
@@ -589,7 +592,14 @@ def _whole_file_reason(name: str, exc: BaseException) -> str:
     return message if message.startswith(name) else f"{name}: {message}"
 
 
-_PLATFORM_FAULTS = (MemoryError, ConnectionError, TimeoutError, PermissionError, FileNotFoundError)
+_PLATFORM_FAULTS = (
+    MemoryError,
+    ConnectionError,
+    TimeoutError,
+    PermissionError,
+    FileNotFoundError,
+    StorageUnavailableError,
+)
 
 
 def _is_platform_fault(exc: BaseException) -> bool:
