@@ -99,12 +99,25 @@ class MaintenancePolicy:
         0 (default) optimizes after every merge: cheap when nothing is
         unindexed, and it records the index catch-up that garbage collection
         waits for before deleting merged generations.
+    max_index_deltas
+        Each optimization indexes only the rows the index misses, as a new
+        delta segment (its cost follows the change, not the base). Once an
+        index has this many delta segments, they are merged into one with
+        the new rows (a cost in the delta rows). Every segment costs a point
+        query about 0.1 ms more (``benchmarks/scale.py``).
+    max_index_delta_fraction
+        Merge every segment of an index into one (a rebuild, a cost in the
+        base rows) once its delta segments hold more than this fraction of
+        its indexed rows. The base grows by that fraction between rebuilds,
+        so their cost per merged row stays bounded.
     """
 
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
     max_deleted_fraction: float = 0.1
     min_unindexed_rows: int = 0
+    max_index_deltas: int = 4
+    max_index_delta_fraction: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -412,7 +425,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
             files = dataset.optimize.compact_files()
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
-            dataset.optimize.optimize_indices()
+            _optimize_indices(dataset, policy)
     except OSError as exc:
         if not _is_commit_conflict(exc):
             raise
@@ -435,10 +448,39 @@ def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolic
     return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
 
 
+def _user_indices(dataset: lance.LanceDataset) -> list[str]:
+    """Names of the indexes on columns (the MemWAL index has none)."""
+    return [d.name for d in dataset.describe_indices() if d.fields]
+
+
 def _max_unindexed_rows(dataset: lance.LanceDataset) -> int:
     """Rows the most out-of-date user index misses (-1 without user indexes)."""
-    names = [d.name for d in dataset.describe_indices() if d.fields]
-    return max((dataset.stats.index_stats(n)["num_unindexed_rows"] for n in names), default=-1)
+    return max((dataset.stats.index_stats(n)["num_unindexed_rows"] for n in _user_indices(dataset)), default=-1)
+
+
+def _optimize_indices(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> None:
+    """Index the rows every user index misses, in a cost that follows them (see :class:`MaintenancePolicy`).
+
+    Without user indexes, one plain ``optimize_indices`` still records the
+    MemWAL index catch-up.
+    """
+    names = _user_indices(dataset)
+    if not names:
+        dataset.optimize.optimize_indices()
+    for name in names:
+        dataset.optimize.optimize_indices(
+            index_names=[name], num_indices_to_merge=_segments_to_merge(dataset.stats.index_stats(name), policy)
+        )
+
+
+def _segments_to_merge(stats: dict[str, Any], policy: MaintenancePolicy) -> int:
+    """Newest segments to merge with the unindexed rows: 0 (a new delta), the deltas, or all."""
+    # Lance lists the segments oldest first; the first is the base-sized one.
+    rows = stats["num_indexed_rows_per_delta"]
+    deltas = rows[1:]
+    if sum(deltas) > policy.max_index_delta_fraction * sum(rows):
+        return len(rows)
+    return len(deltas) if len(deltas) >= policy.max_index_deltas else 0
 
 
 def _is_commit_conflict(exc: OSError) -> bool:
