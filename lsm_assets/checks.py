@@ -312,20 +312,20 @@ MERGE_GUARDS = ("base_primary_key_unique", "base_primary_key_not_null", "shards_
 """Blocking checks that must pass before a merge into the base."""
 
 
-def enforce_merge_guards(
-    context: AssetExecutionContext, table: "LsmTable", gx: GreatExpectationsResource, buckets: list[int] | None
-) -> None:
-    """Evaluate the :data:`MERGE_GUARDS` (recovery of ``buckets`` only) and record them on ``flushed_generations``.
+def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", buckets: list[int] | None) -> None:
+    """Evaluate the :data:`MERGE_GUARDS`, scoped to the change, and record them on ``flushed_generations``.
 
-    They show in the UI like any other evaluation of those checks.
+    The key checks cover the rows appended to the base since the last merge
+    (:mod:`resources.lsm.quality.base_guard`: the base is probed through its
+    key index, never scanned, and GX is not loaded); recovery covers
+    ``buckets``. They show in the UI like any other evaluation of those checks.
 
     Raises
     ------
     Failure
         If a guard failed: nothing may be merged.
     """
-    results = {check.name: check.evaluate(table, gx) for check in KEY_CHECKS if check.name in MERGE_GUARDS}
-    results["shards_recoverable"] = _recoverable(table, buckets)
+    results = {**_appended_key_guards(table), "shards_recoverable": _recoverable(table, buckets)}
     for name, result in results.items():
         context.log_event(
             AssetCheckEvaluation(
@@ -343,3 +343,34 @@ def enforce_merge_guards(
             description=f"merge guards failed: {', '.join(failed)}; nothing was merged "
             "(see the check evaluations on flushed_generations)"
         )
+
+
+def _appended_key_guards(table: "LsmTable") -> dict[str, AssetCheckResult]:
+    """The base key checks over the rows appended since the last merge."""
+    from resources.lsm.quality.base_guard import verify_appended_keys
+
+    found = verify_appended_keys(table)
+    scope = {
+        "scope": "rows appended to the base since the last merge",
+        "versions_read": found.versions,
+        "rows_checked": found.rows_checked,
+        "rows_left_to_quality_job": found.rows_unchecked,
+    }
+    return {
+        "base_primary_key_unique": AssetCheckResult(
+            passed=found.keys_unique,
+            metadata={
+                **scope,
+                "duplicate_keys": found.duplicate_keys,
+                "offending_keys_sample": MetadataValue.json([list(k) for k in found.duplicate_sample]),
+            },
+        ),
+        "base_primary_key_not_null": AssetCheckResult(
+            passed=found.keys_not_null,
+            metadata={
+                **scope,
+                "null_keys": found.null_keys,
+                "nullable_key_columns": MetadataValue.json(list(found.nullable_key_columns)),
+            },
+        ),
+    }
