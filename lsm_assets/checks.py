@@ -8,8 +8,8 @@ Which asset each check guards, and why:
   read. Blocking: a failed check stops ``merged_base`` in the same run, so a
   broken shard or a base with duplicate keys is never merged into.
   Partitioned runs check only their shard's recovery state.
-* ``merged_base`` — probes on a scratch copy of the table (row-count
-  reconciliation, the SIGKILL recovery drill). Not blocking: they test the
+* ``merged_base`` — probes on a scratch table seeded with a bounded sample
+  of the merged view (row-count reconciliation, the SIGKILL recovery drill). Not blocking: they test the
   write path, not the data a downstream asset would read.
 
 The checks are unpartitioned (the base table and the merged view are not per
@@ -204,12 +204,18 @@ def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCh
     )
 
 
-# --------------------------------------------------- probes on a scratch copy
+# ------------------------------------------------- probes on a scratch sample
 
 
 class ScratchConfig(Config):
-    scratch_dir: str | None = Field(default=None, description="Where to copy the table (default: a temp dir).")
+    scratch_dir: str | None = Field(default=None, description="Where to build the scratch table (default: a temp dir).")
     seed: int | None = Field(default=None, description="Random seed (default: a fresh one, reported).")
+    # resources.lsm.quality.scratch.DEFAULT_SAMPLE_ROWS (a test keeps them equal).
+    sample_rows: int = Field(
+        default=10_000,
+        description="Rows of the merged view the scratch table starts from: the probe's memory and time "
+        "follow this, not the table's size.",
+    )
 
 
 class DrillCheckConfig(ScratchConfig):
@@ -223,18 +229,20 @@ class DrillCheckConfig(ScratchConfig):
 @asset_check(
     asset=MERGED,
     description=(
-        "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
-        "when a generated change batch is ingested, and does not change when it is flushed and merged."
+        "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
+        "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
+        "change when it is flushed and merged."
     ),
 )
 def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
     from resources.lsm.quality.reconciliation import probe_reconciliation
-    from resources.lsm.quality.scratch import scratch_copy
+    from resources.lsm.quality.scratch import scratch_sample
 
     seed = _seed(config.seed)
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-reconcile-") as scratch:
-        steps = probe_reconciliation(scratch_copy(lsm_table.open(), f"{scratch}/table.lance"), seed=seed)
-    metadata = {"seed": seed}
+        sample = scratch_sample(lsm_table.open(), f"{scratch}/table.lance", config.sample_rows)
+        steps = probe_reconciliation(sample, seed=seed)
+    metadata = {"seed": seed, "sample_rows": config.sample_rows}
     for step in steps:
         metadata.update(
             {
@@ -250,9 +258,10 @@ def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> 
 @asset_check(
     asset=MERGED,
     description=(
-        "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
-        "replayed, flushed and merged across at least three generations; every acknowledged change is present "
-        "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."
+        "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
+        "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
+        "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
+        "in-flight batch is applied atomically per key or not at all."
     ),
 )
 def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
@@ -263,6 +272,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         batch_size=config.batch_size,
         batches_per_generation=config.batches_per_generation,
         seed=_seed(config.seed),
+        sample_rows=config.sample_rows,
     )
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
         report = run_drill(lsm_table.open(), scratch, drill)
@@ -270,6 +280,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         passed=report.passed,
         metadata={
             "seed": report.seed,
+            "sample_rows": config.sample_rows,
             "killed": report.killed,
             "killed_after_s": report.killed_after_seconds,
             "batches_acknowledged": report.batches_acknowledged,

@@ -655,9 +655,9 @@ class LsmTable:
             If another writer claimed the shard while this one was opening.
         """
         with self._fencing_as_error(shard_id):
-            return self.dataset().mem_wal_writer(shard_id, **self._recorded_writer_settings())
+            return self.dataset().mem_wal_writer(shard_id, **self.recorded_writer_settings())
 
-    def _recorded_writer_settings(self) -> dict[str, Any]:
+    def recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
         return {
             key: value == "true" if key == "durable_write" else int(value)
