@@ -165,6 +165,18 @@ def test_a_wal_entry_with_other_column_types_fails_schema_conformance(make_table
     assert "1.5 EUR" in failed.metadata["merged_view_error"].value
 
 
+def test_schema_conformance_reads_one_batch_of_a_large_view(make_table):
+    table = make_table(EVENTS_SCHEMA, num_shards=2)
+    ids = list(range(70_000))  # more than one scan batch (65,536 rows)
+    table.write(
+        pa.table({"id": ids, "customer": ["c"] * len(ids), "amount": [1.0] * len(ids), "status": ["s"] * len(ids)})
+    )
+    table.close()
+    table.compact()  # the base streams in batches
+    passed = evaluations(table, [schema_conforms])["schema_conforms"]
+    assert passed.passed and 0 < passed.metadata["rows"].value < len(ids)
+
+
 def test_a_recorded_key_that_differs_from_the_key_metadata_fails_schema_conformance(make_table):
     # Lance refuses to change primary-key field metadata once set; the key the
     # table records for routing and merging is ours to keep in line with it.
