@@ -16,8 +16,11 @@ in one run, on the same data:
   indexed point query ``to_table(filter="id = k")`` on the base; a batch
   lookup of 1,000 keys vs ``id IN (...)``;
 * peak RSS of a full streamed read (``LsmTable.scanner()``, in a child process);
-* ``quality_job`` wall time and peak RSS (``dagster job execute``, every
-  process of the run summed), unless ``--skip-quality``.
+* ``quality_job`` wall time and peak RSS (``dagster job execute`` on the
+  base with 4 pending generations and a WAL tail): of the run's Python
+  driver, and of every process of the run summed (Spark's JVM and workers
+  included), up to ``--quality-max-rows``; ``--quality-only`` adds them to
+  an earlier run's results.
 
 Base tables are built once per size under ``--data`` (plain Lance appends
 plus ``LsmTable.create``) and cloned per run by hard links (Lance never
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -42,6 +46,7 @@ from pathlib import Path
 
 import lance
 import numpy as np
+import psutil
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -229,8 +234,8 @@ def streamed_read_rss(uri: str, reader: str) -> dict[str, float]:
     }
 
 
-def quality_job(uri: str) -> dict[str, float]:
-    """Wall time and peak RSS (all processes of the run) of ``dagster job execute -j quality_job``."""
+def quality_job(uri: str) -> dict[str, object]:
+    """Wall time, peak RSS (driver; all processes) and step times of ``dagster job execute -j quality_job``."""
     with tempfile.TemporaryDirectory(prefix="scale-dagster-") as home:
         env = {**os.environ, "DAGSTER_HOME": home, "LSM_TABLE_URI": uri}
         command = [
@@ -246,14 +251,35 @@ def quality_job(uri: str) -> dict[str, float]:
         child = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        sampler = PeakRss(child.pid)
-        sampler.start()
+        tree, driver = PeakRss(child.pid), DriverRss(child.pid)
+        tree.start(), driver.start()
         output, _ = child.communicate()
-        elapsed, peak = time.perf_counter() - started, sampler.stop()
+        elapsed, peak = time.perf_counter() - started, tree.stop()
     passed = child.returncode == 0 and "RUN_SUCCESS" in output
     if not passed:
         print(output[-3000:], file=sys.stderr)
-    return {"quality_s": elapsed, "quality_rss_gb": peak / 1e9, "quality_passed": passed}
+    steps = {name: float(sec) for name, sec in STEP_TIME.findall(output)}
+    return {
+        "quality_s": elapsed,
+        "quality_rss_gb": peak / 1e9,
+        "quality_driver_rss_gb": driver.stop() / 1e9,
+        "quality_passed": passed,
+        "quality_steps_s": steps,
+    }
+
+
+STEP_TIME = re.compile(r'Finished execution of step "(\w+)" in ([0-9.]+)s')
+
+
+class DriverRss(PeakRss):
+    """The peak RSS of the run's own (Python driver) process, without Spark's JVM and workers."""
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.peak = max(self.peak, self.root.memory_info().rss)
+            except psutil.Error:
+                return
 
 
 def measure_size(data: Path, rows: int, args: argparse.Namespace) -> dict[str, object]:
@@ -272,9 +298,7 @@ def measure_size(data: Path, rows: int, args: argparse.Namespace) -> dict[str, o
     write_generations(table, "int64", rows, 16, rng)
     result |= {f"pending16_{k}": v for k, v in lookups(table, rows, rng, args.probes).items()}
     if rows <= args.quality_max_rows:
-        table.write(rows_for("int64", rng.integers(0, rows, 1000), rng))  # a WAL tail too
-        table.detach_writers()
-        result |= quality_job(table.uri)
+        result |= quality_job(pending_table(data, rows).uri)
     print(json.dumps(result), flush=True)
     return result
 
@@ -312,7 +336,11 @@ def render(results: dict) -> str:
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in sizes:
-        quality = f"{r['quality_s']:.0f} s, {r['quality_rss_gb']:.2f} GB" if "quality_s" in r else "not run"
+        quality = (
+            f"{r['quality_s']:.0f} s, {r['quality_driver_rss_gb']:.2f} GB driver / {r['quality_rss_gb']:.2f} GB all"
+            if "quality_s" in r
+            else "not run"
+        )
         if "quality_passed" in r and not r["quality_passed"]:
             quality += " (failed)"
         lines.append(
@@ -358,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.data.mkdir(parents=True, exist_ok=True)
     sizes = [s for s in SIZES if s <= args.max_rows]
+    if args.quality_only:
+        return quality_only(args.data, [s for s in sizes if s <= args.quality_max_rows])
     results: dict = {"machine": machine(), "int64": [], "string": [], "composite": []}
     for rows in sizes:
         results["int64"].append(measure_size(args.data, rows, args))
@@ -367,6 +397,27 @@ def main(argv: list[str] | None = None) -> int:
             results[kind].append(other_key_scan(args.data, kind, rows, args.repeat))
             write_outputs(results)
     return 0
+
+
+def quality_only(data: Path, sizes: list[int]) -> int:
+    """Add ``quality_job`` numbers to the sizes of an earlier run's results."""
+    results = json.loads((RESULTS / "scale.json").read_text())
+    for entry in results["int64"]:
+        if entry["rows"] in sizes:
+            entry |= quality_job(pending_table(data, entry["rows"]).uri)
+            print(entry["rows"], json.dumps({k: v for k, v in entry.items() if k.startswith("quality")}), flush=True)
+            write_outputs(results)
+    return 0
+
+
+def pending_table(data: Path, rows: int) -> LsmTable:
+    """A clone of the base with 4 pending generations and a WAL tail (crashed writers)."""
+    rng = np.random.default_rng(rows + 3)
+    table = LsmTable.open(str(clone(template(data, "int64", rows), data / "run-quality.lance")))
+    write_generations(table, "int64", rows, GENERATIONS, rng)
+    table.write(rows_for("int64", rng.integers(0, rows, 1000), rng))
+    table.detach_writers()
+    return table
 
 
 def write_outputs(results: dict) -> None:
@@ -383,6 +434,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--max-rows-other-keys", type=int, default=16 << 20, help="largest size for string/composite keys"
     )
     parser.add_argument("--quality-max-rows", type=int, default=SIZES[-1], help="largest size to run quality_job on")
+    parser.add_argument("--quality-only", action="store_true", help="add quality_job numbers to scale.json")
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     parser.add_argument("--repeat", type=int, default=3, help="paired scans per size")
     parser.add_argument("--probes", type=int, default=50, help="keys per lookup p50")
