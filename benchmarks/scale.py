@@ -188,22 +188,37 @@ def lookups(table: LsmTable, rows: int, rng: np.random.Generator, probes: int) -
     }
 
 
-def merge(table: LsmTable, plain_uri: Path, batches: list[pa.Table]) -> dict[str, float]:
-    """``compact`` of the pending generations vs plain ``merge_insert`` of the same rows (+ index upkeep)."""
+def merges(data: Path, source: Path, rows: int, repeat: int) -> dict[str, float]:
+    """Medians over fresh clones: ``compact`` of 4 generations vs plain ``merge_insert`` of the same rows.
+
+    Plain Lance runs with its default (``use_index=True``: a key-index probe
+    per source row) and with ``use_index(False)`` (a hash join against a scan
+    of the base); its index upkeep is a full ``optimize_indices()``.
+    """
     from resources.lsm.read.dedup import keep_last_per_key
 
-    upserts = keep_last_per_key(pa.concat_tables(batches), ["id"])
-    result = table.compact()
-    dataset = lance.dataset(str(plain_uri))
-    builder = dataset.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
-    plain = seconds(lambda: builder.execute(upserts.cast(dataset.schema)))
-    plain_index = seconds(lambda: lance.dataset(str(plain_uri)).optimize.optimize_indices())
-    return {
-        "changes": sum(b.num_rows for b in batches),
-        "merge_s": result.elapsed_seconds,
-        "lance_merge_insert_s": plain,
-        "lance_optimize_indices_s": plain_index,
-    }
+    times: dict[str, list[float]] = {}
+    for attempt in range(repeat):
+        rng = np.random.default_rng(rows + 10 + attempt)
+        table = LsmTable.open(str(clone(source, data / "run-merge.lance")))
+        upserts = keep_last_per_key(pa.concat_tables(write_generations(table, "int64", rows, GENERATIONS, rng)), ["id"])
+        sample = {"merge_s": table.compact().elapsed_seconds}
+        for name, use_index in (("lance_merge_insert_s", True), ("lance_merge_insert_hash_join_s", False)):
+            sample[name] = plain_merge(clone(source, data / "run-plain.lance"), upserts, use_index)
+        sample["lance_optimize_indices_s"] = seconds(
+            lambda: lance.dataset(str(data / "run-plain.lance")).optimize.optimize_indices()
+        )
+        for name, value in sample.items():
+            times.setdefault(name, []).append(value)
+    return {"changes": GENERATIONS * GENERATION_ROWS} | {name: statistics.median(v) for name, v in times.items()}
+
+
+def plain_merge(uri: Path, upserts: pa.Table, use_index: bool) -> float:
+    """Seconds of one plain ``merge_insert`` of ``upserts`` (update or insert by ``id``)."""
+    dataset = lance.dataset(str(uri))
+    builder = dataset.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().use_index(use_index)
+    rows = upserts.cast(dataset.schema)
+    return seconds(lambda: builder.execute(rows))
 
 
 CHILD_READ = """
@@ -287,12 +302,12 @@ def measure_size(data: Path, rows: int, args: argparse.Namespace) -> dict[str, o
     rng = np.random.default_rng(rows + 1)
     source = template(data, "int64", rows)
     table = LsmTable.open(str(clone(source, data / "run-int64.lance")))
-    plain_uri = clone(source, data / "run-plain.lance")
     result: dict[str, object] = {"rows": rows, "disk_gb": du(source) / 1e9}
-    batches = write_generations(table, "int64", rows, GENERATIONS, rng)
+    write_generations(table, "int64", rows, GENERATIONS, rng)
     result |= {f"pending4_{k}": v for k, v in lookups(table, rows, rng, args.probes).items()}
     result |= scan_ratio(table, args.repeat)
-    result |= merge(table, plain_uri, batches)
+    result |= merges(data, source, rows, args.repeat)
+    table.compact()
     result |= {f"pending0_{k}": v for k, v in lookups(table, rows, rng, args.probes).items()}
     result |= streamed_read_rss(table.uri, "lsm") | streamed_read_rss(table.uri, "lance")
     write_generations(table, "int64", rows, 16, rng)
@@ -328,9 +343,9 @@ def render(results: dict) -> str:
         f"{GENERATION_ROWS:,} random-key upserts, {SHARDS} shards. LSM and plain Lance measured side by side "
         "on the same data in one run. Lookups: p50 of single-key `lookup(fresh=True)` against Lance's "
         '`to_table(filter="id = k")` (BTREE) on the same base; batch: 1,000 keys in one call against '
-        "`id IN (...)`.",
+        "`id IN (...)`. Merge times are medians over `--repeat` fresh clones.",
         "",
-        "| base rows | merged scan / base scan | merge 200k: LSM (s) | plain `merge_insert` (s) "
+        "| base rows | merged scan / base scan | merge 200k: LSM (s) | plain `merge_insert`: default / hash join (s) "
         "| + plain `optimize_indices` (s) | lookup p50, 0 pending (ms) | 16 pending (ms) | Lance point query (ms) "
         "| batch of 1,000: LSM / Lance (ms) | streamed read peak RSS: LSM / Lance (GB) | quality_job (s, GB) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -344,7 +359,8 @@ def render(results: dict) -> str:
         if "quality_passed" in r and not r["quality_passed"]:
             quality += " (failed)"
         lines.append(
-            f"| {r['rows'] / 1e6:,.0f}M | {scan_cell(r)} | {r['merge_s']:.2f} | {r['lance_merge_insert_s']:.2f} "
+            f"| {r['rows'] / 1e6:,.0f}M | {scan_cell(r)} | {r['merge_s']:.2f} "
+            f"| {r['lance_merge_insert_s']:.2f} / {r['lance_merge_insert_hash_join_s']:.2f} "
             f"| {r['lance_optimize_indices_s']:.2f} "
             f"| {r['pending0_lookup_ms']:.2f} | {r['pending16_lookup_ms']:.2f} | {r['pending0_lance_point_ms']:.2f} "
             f"| {r['pending0_batch_lookup_ms']:.0f} / {r['pending0_lance_batch_ms']:.0f} "
@@ -387,26 +403,26 @@ def main(argv: list[str] | None = None) -> int:
     args.data.mkdir(parents=True, exist_ok=True)
     sizes = [s for s in SIZES if s <= args.max_rows]
     if args.quality_only:
-        return quality_only(args.data, [s for s in sizes if s <= args.quality_max_rows])
+        return quality_only(args, [s for s in sizes if s <= args.quality_max_rows])
     results: dict = {"machine": machine(), "int64": [], "string": [], "composite": []}
     for rows in sizes:
         results["int64"].append(measure_size(args.data, rows, args))
-        write_outputs(results)
+        write_outputs(results, args.out)
     for kind in ("string", "composite"):
         for rows in (s for s in sizes if s <= args.max_rows_other_keys):
             results[kind].append(other_key_scan(args.data, kind, rows, args.repeat))
-            write_outputs(results)
+            write_outputs(results, args.out)
     return 0
 
 
-def quality_only(data: Path, sizes: list[int]) -> int:
+def quality_only(args: argparse.Namespace, sizes: list[int]) -> int:
     """Add ``quality_job`` numbers to the sizes of an earlier run's results."""
-    results = json.loads((RESULTS / "scale.json").read_text())
+    results = json.loads(args.out.with_suffix(".json").read_text())
     for entry in results["int64"]:
         if entry["rows"] in sizes:
-            entry |= quality_job(pending_table(data, entry["rows"]).uri)
+            entry |= quality_job(pending_table(args.data, entry["rows"]).uri)
             print(entry["rows"], json.dumps({k: v for k, v in entry.items() if k.startswith("quality")}), flush=True)
-            write_outputs(results)
+            write_outputs(results, args.out)
     return 0
 
 
@@ -420,11 +436,11 @@ def pending_table(data: Path, rows: int) -> LsmTable:
     return table
 
 
-def write_outputs(results: dict) -> None:
+def write_outputs(results: dict, out: Path) -> None:
     """Write after every size, so an interrupted run keeps what it measured."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "scale.md").write_text(render(results))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".md").write_text(render(results))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -436,6 +452,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quality-max-rows", type=int, default=SIZES[-1], help="largest size to run quality_job on")
     parser.add_argument("--quality-only", action="store_true", help="add quality_job numbers to scale.json")
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
+    parser.add_argument("--out", type=Path, default=RESULTS / "scale", help="results path without suffix")
     parser.add_argument("--repeat", type=int, default=3, help="paired scans per size")
     parser.add_argument("--probes", type=int, default=50, help="keys per lookup p50")
     return parser.parse_args(argv)
