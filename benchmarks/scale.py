@@ -371,10 +371,45 @@ def render(results: dict) -> str:
             lines += ["", f"Merged full scan, {kind} key ({', '.join(KEYS[kind])}), 4 pending generations:", ""]
             lines += ["| base rows | merged scan / base scan |", "| ---: | ---: |"]
             lines += [f"| {r['rows'] / 1e6:,.0f}M | {scan_cell(r)} |" for r in results[kind]]
+    lines += extrapolation(sizes)
     lines += ["", "Cost against base size (each column scaled to its largest value; `#` = 1/40):", "", "```"]
     lines += ascii_plot(sizes)
     lines += ["```", ""]
     return "\n".join(lines)
+
+
+EXTRAPOLATED = {
+    "disk_gb": "base on disk (GB)",
+    "base_scan_s": "plain Lance full scan (s)",
+    "merged_scan_s": "merged full scan, 4 pending generations (s)",
+    "merge_s": "merge of 200k changes (s)",
+    "lance_merge_insert_hash_join_s": "plain `merge_insert` of 200k, hash join (s)",
+    "lsm_read_rss_gb": "peak RSS of a full streamed read (GB)",
+    "pending0_lookup_ms": "lookup p50, 0 pending (ms)",
+}
+
+
+def extrapolation(sizes: list[dict]) -> list[str]:
+    """Least-squares lines ``a + b * rows`` over the measured sizes, read at 1B rows."""
+    if len(sizes) < 2:
+        return []
+    rows = np.array([r["rows"] for r in sizes], dtype=float)
+    lines = [
+        "",
+        f"Extrapolated to 1B rows: a straight line `a + b x rows` fitted to the {len(sizes)} sizes above "
+        "(least squares; a line that falls is read as flat, at the median), so a cost that does not grow "
+        "with the base stays flat.",
+        "",
+        "| cost | at the largest size measured | per 1M more base rows | at 1B rows |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for key, label in EXTRAPOLATED.items():
+        values = np.array([r[key] for r in sizes], dtype=float)
+        slope, intercept = np.polyfit(rows, values, 1)
+        if slope <= 0:  # no growth measured (noise on a shared machine): flat at the median
+            slope, intercept = 0.0, float(np.median(values))
+        lines.append(f"| {label} | {values[-1]:.2f} | {slope * 1e6:+.4f} | {intercept + slope * 1e9:.1f} |")
+    return lines
 
 
 def scan_cell(r: dict) -> str:
