@@ -63,9 +63,47 @@ class KeyCheck:
     description: str
 
     def evaluate(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
+        streamed = self._streamed(table, gx)
+        if streamed is not None:
+            return streamed
         frame = getattr(gx, f"{self.level}_frame")(table, table.primary_key)
         outcome = getattr(gx, self.expectation)(frame, table.primary_key)
         return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
+
+    def _streamed(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult | None:
+        """The result from the key column streamed through a bitmap, for a large level with a
+        single integer key (``None``: validate with GX)."""
+        import pyarrow as pa
+
+        from resources.lsm.quality.key_stats import integer_key_stats
+
+        key_type = table.schema.field(table.primary_key[0]).type
+        if (
+            not gx.stream_integer_keys
+            or len(table.primary_key) > 1
+            or not pa.types.is_integer(key_type)
+            or key_type == pa.uint64()  # values past int64 would wrap
+            or table.dataset().count_rows() <= gx.spark_row_threshold
+        ):
+            return None
+        batches = (
+            table.scanner(table.primary_key)
+            if self.level == "merged_view"
+            else table.dataset().to_batches(columns=table.primary_key)
+        )
+        stats = integer_key_stats(batches, sample_size=gx.sample_size)
+        if stats is None:
+            return None
+        unique = self.expectation == "keys_unique"
+        return AssetCheckResult(
+            passed=stats.unique if unique else stats.not_null,
+            metadata={
+                "backend": "arrow",
+                "rows": stats.rows,
+                "duplicate_keys" if unique else "null_keys": stats.duplicates if unique else stats.nulls,
+                "offending_keys_sample": MetadataValue.json(stats.sample if unique else []),
+            },
+        )
 
     def definition(self) -> AssetChecksDefinition:
         @asset_check(name=self.name, asset=self.asset, blocking=True, description=self.description)

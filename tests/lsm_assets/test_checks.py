@@ -262,7 +262,7 @@ def test_gx_not_null_names_the_offending_rows():
 def test_large_tables_are_validated_on_spark(make_table, spark):
     table = history(make_table)
     keys = append_duplicates(table)
-    gx = GreatExpectationsResource(spark_row_threshold=0)
+    gx = GreatExpectationsResource(spark_row_threshold=0, stream_integer_keys=False)
     failed = evaluations(table, [base_primary_key_unique], gx)["base_primary_key_unique"]
     assert not failed.passed and failed.metadata["backend"].value == "spark"
     assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
@@ -270,10 +270,30 @@ def test_large_tables_are_validated_on_spark(make_table, spark):
 
 def test_a_large_merged_view_is_validated_on_spark(make_table, spark):
     table = history(make_table)
-    gx = GreatExpectationsResource(spark_row_threshold=0)
+    gx = GreatExpectationsResource(spark_row_threshold=0, stream_integer_keys=False)
     results = evaluations(table, [merged_view_primary_key_unique, merged_view_primary_key_not_null], gx)
     assert all(r.passed and r.metadata["backend"].value == "spark" for r in results.values())
     assert results["merged_view_primary_key_unique"].metadata["rows"].value == table.count()
+
+
+def test_a_large_level_with_an_integer_key_is_streamed_through_a_bitmap(make_table):
+    table = history(make_table)
+    keys = append_duplicates(table)
+    gx = GreatExpectationsResource(spark_row_threshold=0)
+    key_checks = [
+        base_primary_key_unique,
+        base_primary_key_not_null,
+        merged_view_primary_key_unique,
+        merged_view_primary_key_not_null,
+    ]
+    results = evaluations(table, key_checks, gx)
+    assert all(r.metadata["backend"].value == "arrow" for r in results.values())
+    failed = results["base_primary_key_unique"]
+    assert not failed.passed and failed.metadata["duplicate_keys"].value == len(keys)
+    assert sorted(failed.metadata["offending_keys_sample"].value) == sorted(keys)
+    assert results["merged_view_primary_key_unique"].metadata["rows"].value == table.count()
+    assert results["base_primary_key_not_null"].passed and results["merged_view_primary_key_not_null"].passed
+    assert results["base_primary_key_unique"].metadata["rows"].value == table.dataset().count_rows()
 
 
 def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
