@@ -273,7 +273,7 @@ def quality_job(uri: str) -> dict[str, object]:
     passed = child.returncode == 0 and "RUN_SUCCESS" in output
     if not passed:
         print(output[-3000:], file=sys.stderr)
-    steps = {name: float(sec) for name, sec in STEP_TIME.findall(output)}
+    steps = {name: float(value) / (1000 if unit == "ms" else 1) for name, value, unit in STEP_TIME.findall(output)}
     return {
         "quality_s": elapsed,
         "quality_rss_gb": peak / 1e9,
@@ -283,7 +283,7 @@ def quality_job(uri: str) -> dict[str, object]:
     }
 
 
-STEP_TIME = re.compile(r'Finished execution of step "(\w+)" in ([0-9.]+)s')
+STEP_TIME = re.compile(r'Finished execution of step "(\w+)" in ([0-9.]+)(m?s)\.')
 
 
 class DriverRss(PeakRss):
