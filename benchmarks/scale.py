@@ -203,6 +203,12 @@ def merges(data: Path, source: Path, rows: int, repeat: int) -> dict[str, float]
         table = LsmTable.open(str(clone(source, data / "run-merge.lance")))
         upserts = keep_last_per_key(pa.concat_tables(write_generations(table, "int64", rows, GENERATIONS, rng)), ["id"])
         sample = {"merge_s": table.compact().elapsed_seconds}
+        # Before #21: the same merge, then the key index re-optimized in full.
+        before = LsmTable.open(str(clone(source, data / "run-merge.lance")))
+        write_generations(before, "int64", rows, GENERATIONS, np.random.default_rng(rows + 10 + attempt))
+        sample["merge_full_reindex_s"] = seconds(
+            lambda t=before: (t.compact(maintenance=None), t.dataset().optimize.optimize_indices())
+        )
         for name, use_index in (("lance_merge_insert_s", True), ("lance_merge_insert_hash_join_s", False)):
             sample[name] = plain_merge(clone(source, data / "run-plain.lance"), upserts, use_index)
         sample["lance_optimize_indices_s"] = seconds(
@@ -345,8 +351,9 @@ def render(results: dict) -> str:
         '`to_table(filter="id = k")` (BTREE) on the same base; batch: 1,000 keys in one call against '
         "`id IN (...)`. Merge times are medians over `--repeat` fresh clones.",
         "",
-        "| base rows | merged scan / base scan | merge 200k: LSM (s) | plain `merge_insert`: default / hash join (s) "
-        "| + plain `optimize_indices` (s) | lookup p50, 0 pending (ms) | 16 pending (ms) | Lance point query (ms) "
+        "| base rows | merged scan / base scan | merge 200k: LSM / with a full re-index, as before (s) "
+        "| plain `merge_insert`: default / hash join (s) | + plain `optimize_indices` (s) "
+        "| lookup p50, 0 pending (ms) | 16 pending (ms) | Lance point query (ms) "
         "| batch of 1,000: LSM / Lance (ms) | streamed read peak RSS: LSM / Lance (GB) | quality_job (s, GB) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -359,7 +366,8 @@ def render(results: dict) -> str:
         if "quality_passed" in r and not r["quality_passed"]:
             quality += " (failed)"
         lines.append(
-            f"| {r['rows'] / 1e6:,.0f}M | {scan_cell(r)} | {r['merge_s']:.2f} "
+            f"| {r['rows'] / 2**20:,.0f}Mi | {scan_cell(r)} "
+            f"| {r['merge_s']:.2f} / {fmt(r.get('merge_full_reindex_s'))} "
             f"| {r['lance_merge_insert_s']:.2f} / {r['lance_merge_insert_hash_join_s']:.2f} "
             f"| {r['lance_optimize_indices_s']:.2f} "
             f"| {r['pending0_lookup_ms']:.2f} | {r['pending16_lookup_ms']:.2f} | {r['pending0_lance_point_ms']:.2f} "
@@ -370,7 +378,7 @@ def render(results: dict) -> str:
         if results.get(kind):
             lines += ["", f"Merged full scan, {kind} key ({', '.join(KEYS[kind])}), 4 pending generations:", ""]
             lines += ["| base rows | merged scan / base scan |", "| ---: | ---: |"]
-            lines += [f"| {r['rows'] / 1e6:,.0f}M | {scan_cell(r)} |" for r in results[kind]]
+            lines += [f"| {r['rows'] / 2**20:,.0f}Mi | {scan_cell(r)} |" for r in results[kind]]
     lines += extrapolation(sizes)
     lines += ["", "Cost against base size (each column scaled to its largest value; `#` = 1/40):", "", "```"]
     lines += ascii_plot(sizes)
@@ -386,6 +394,8 @@ EXTRAPOLATED = {
     "lance_merge_insert_hash_join_s": "plain `merge_insert` of 200k, hash join (s)",
     "lsm_read_rss_gb": "peak RSS of a full streamed read (GB)",
     "pending0_lookup_ms": "lookup p50, 0 pending (ms)",
+    "quality_s": "quality_job (s)",
+    "quality_driver_rss_gb": "quality_job driver peak RSS (GB)",
 }
 
 
@@ -404,12 +414,18 @@ def extrapolation(sizes: list[dict]) -> list[str]:
         "| --- | ---: | ---: | ---: |",
     ]
     for key, label in EXTRAPOLATED.items():
+        if any(key not in r for r in sizes):
+            continue
         values = np.array([r[key] for r in sizes], dtype=float)
         slope, intercept = np.polyfit(rows, values, 1)
         if slope <= 0:  # no growth measured (noise on a shared machine): flat at the median
             slope, intercept = 0.0, float(np.median(values))
         lines.append(f"| {label} | {values[-1]:.2f} | {slope * 1e6:+.4f} | {intercept + slope * 1e9:.1f} |")
     return lines
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def scan_cell(r: dict) -> str:
@@ -423,7 +439,9 @@ def ascii_plot(sizes: list[dict]) -> list[str]:
     for label, key in series.items():
         top = max(r[key] for r in sizes) or 1.0
         out.append(label)
-        out += [f"  {r['rows'] / 1e6:>5,.0f}M {'#' * max(1, round(40 * r[key] / top)):<40} {r[key]:.2f}" for r in sizes]
+        out += [
+            f"  {r['rows'] / 2**20:>5,.0f}Mi {'#' * max(1, round(40 * r[key] / top)):<40} {r[key]:.2f}" for r in sizes
+        ]
     return out
 
 
