@@ -8,8 +8,8 @@ Which asset each check guards, and why:
   read. Blocking: a failed check stops ``merged_base`` in the same run, so a
   broken shard or a base with duplicate keys is never merged into.
   Partitioned runs check only their shard's recovery state.
-* ``merged_base`` — probes on a scratch copy of the table (row-count
-  reconciliation, the SIGKILL recovery drill). Not blocking: they test the
+* ``merged_base`` — probes on a scratch table seeded with a bounded sample
+  of the merged view (row-count reconciliation, the SIGKILL recovery drill). Not blocking: they test the
   write path, not the data a downstream asset would read.
 
 The checks are unpartitioned (the base table and the merged view are not per
@@ -40,6 +40,8 @@ from resources.gx_resource import GreatExpectationsResource
 from resources.table_resource import LsmTableResource
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from resources.lsm import LsmTable
 
 INGESTED = AssetKey("ingested_changes")
@@ -61,9 +63,47 @@ class KeyCheck:
     description: str
 
     def evaluate(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
+        streamed = self._streamed(table, gx)
+        if streamed is not None:
+            return streamed
         frame = getattr(gx, f"{self.level}_frame")(table, table.primary_key)
         outcome = getattr(gx, self.expectation)(frame, table.primary_key)
         return AssetCheckResult(passed=outcome.success, metadata=outcome.metadata())
+
+    def _streamed(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult | None:
+        """The result from the key column streamed through a bitmap, for a large level with a
+        single integer key (``None``: validate with GX)."""
+        import pyarrow as pa
+
+        from resources.lsm.quality.key_stats import integer_key_stats
+
+        key_type = table.schema.field(table.primary_key[0]).type
+        if (
+            not gx.stream_integer_keys
+            or len(table.primary_key) > 1
+            or not pa.types.is_integer(key_type)
+            or key_type == pa.uint64()  # values past int64 would wrap
+            or table.dataset().count_rows() <= gx.spark_row_threshold
+        ):
+            return None
+        batches = (
+            table.scanner(table.primary_key)
+            if self.level == "merged_view"
+            else table.dataset().to_batches(columns=table.primary_key)
+        )
+        stats = integer_key_stats(batches, sample_size=gx.sample_size)
+        if stats is None:
+            return None
+        unique = self.expectation == "keys_unique"
+        return AssetCheckResult(
+            passed=stats.unique if unique else stats.not_null,
+            metadata={
+                "backend": "arrow",
+                "rows": stats.rows,
+                "duplicate_keys" if unique else "null_keys": stats.duplicates if unique else stats.nulls,
+                "offending_keys_sample": MetadataValue.json(stats.sample if unique else []),
+            },
+        )
 
     def definition(self) -> AssetChecksDefinition:
         @asset_check(name=self.name, asset=self.asset, blocking=True, description=self.description)
@@ -138,12 +178,30 @@ def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) 
         "level_problems": MetadataValue.json(levels),
     }
     try:
-        outcome = gx.columns_match(gx.merged_view_frame(table, columns), columns)
+        outcome = gx.columns_match(_merged_view_head(table), columns)
     except (ValueError, OSError) as error:  # a level that does not conform can make the view unreadable
         return AssetCheckResult(passed=False, metadata={**metadata, "merged_view_error": str(error)})
     return AssetCheckResult(
         passed=outcome.success and not problems and not levels, metadata={**outcome.metadata(), **metadata}
     )
+
+
+def _merged_view_head(table: "LsmTable") -> "pd.DataFrame":
+    """The merged view's first batch as pandas: its columns in bounded memory.
+
+    Reading it resolves every pending level, so a level that does not
+    conform fails here as it would fail a reader.
+    """
+    import pyarrow as pa
+
+    reader = table.scanner()
+    try:
+        head = [reader.read_next_batch()]
+    except StopIteration:
+        head = []
+    finally:
+        reader.close()
+    return pa.Table.from_batches(head, schema=reader.schema).to_pandas()
 
 
 def _key_problems(table: "LsmTable") -> list[str]:
@@ -204,12 +262,18 @@ def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCh
     )
 
 
-# --------------------------------------------------- probes on a scratch copy
+# ------------------------------------------------- probes on a scratch sample
 
 
 class ScratchConfig(Config):
-    scratch_dir: str | None = Field(default=None, description="Where to copy the table (default: a temp dir).")
+    scratch_dir: str | None = Field(default=None, description="Where to build the scratch table (default: a temp dir).")
     seed: int | None = Field(default=None, description="Random seed (default: a fresh one, reported).")
+    # resources.lsm.quality.scratch.DEFAULT_SAMPLE_ROWS (a test keeps them equal).
+    sample_rows: int = Field(
+        default=10_000,
+        description="Rows of the merged view the scratch table starts from: the probe's memory and time "
+        "follow this, not the table's size.",
+    )
 
 
 class DrillCheckConfig(ScratchConfig):
@@ -223,18 +287,20 @@ class DrillCheckConfig(ScratchConfig):
 @asset_check(
     asset=MERGED,
     description=(
-        "Row-count reconciliation on a scratch copy: the merged view grows by exactly inserted - deleted keys "
-        "when a generated change batch is ingested, and does not change when it is flushed and merged."
+        "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
+        "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
+        "change when it is flushed and merged."
     ),
 )
 def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
     from resources.lsm.quality.reconciliation import probe_reconciliation
-    from resources.lsm.quality.scratch import scratch_copy
+    from resources.lsm.quality.scratch import scratch_sample
 
     seed = _seed(config.seed)
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-reconcile-") as scratch:
-        steps = probe_reconciliation(scratch_copy(lsm_table.open(), f"{scratch}/table.lance"), seed=seed)
-    metadata = {"seed": seed}
+        sample = scratch_sample(lsm_table.open(), f"{scratch}/table.lance", config.sample_rows)
+        steps = probe_reconciliation(sample, seed=seed)
+    metadata = {"seed": seed, "sample_rows": config.sample_rows}
     for step in steps:
         metadata.update(
             {
@@ -250,9 +316,10 @@ def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> 
 @asset_check(
     asset=MERGED,
     description=(
-        "Recovery drill on a scratch copy: a writer process is SIGKILLed at a random moment; the shards are "
-        "replayed, flushed and merged across at least three generations; every acknowledged change is present "
-        "exactly once, deleted keys stay deleted, the in-flight batch is applied atomically per key or not at all."
+        "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
+        "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
+        "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
+        "in-flight batch is applied atomically per key or not at all."
     ),
 )
 def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
@@ -263,6 +330,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         batch_size=config.batch_size,
         batches_per_generation=config.batches_per_generation,
         seed=_seed(config.seed),
+        sample_rows=config.sample_rows,
     )
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
         report = run_drill(lsm_table.open(), scratch, drill)
@@ -270,6 +338,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         passed=report.passed,
         metadata={
             "seed": report.seed,
+            "sample_rows": config.sample_rows,
             "killed": report.killed,
             "killed_after_s": report.killed_after_seconds,
             "batches_acknowledged": report.batches_acknowledged,
@@ -312,20 +381,20 @@ MERGE_GUARDS = ("base_primary_key_unique", "base_primary_key_not_null", "shards_
 """Blocking checks that must pass before a merge into the base."""
 
 
-def enforce_merge_guards(
-    context: AssetExecutionContext, table: "LsmTable", gx: GreatExpectationsResource, buckets: list[int] | None
-) -> None:
-    """Evaluate the :data:`MERGE_GUARDS` (recovery of ``buckets`` only) and record them on ``flushed_generations``.
+def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", buckets: list[int] | None) -> None:
+    """Evaluate the :data:`MERGE_GUARDS`, scoped to the change, and record them on ``flushed_generations``.
 
-    They show in the UI like any other evaluation of those checks.
+    The key checks cover the rows appended to the base since the last merge
+    (:mod:`resources.lsm.quality.base_guard`: the base is probed through its
+    key index, never scanned, and GX is not loaded); recovery covers
+    ``buckets``. They show in the UI like any other evaluation of those checks.
 
     Raises
     ------
     Failure
         If a guard failed: nothing may be merged.
     """
-    results = {check.name: check.evaluate(table, gx) for check in KEY_CHECKS if check.name in MERGE_GUARDS}
-    results["shards_recoverable"] = _recoverable(table, buckets)
+    results = {**_appended_key_guards(table), "shards_recoverable": _recoverable(table, buckets)}
     for name, result in results.items():
         context.log_event(
             AssetCheckEvaluation(
@@ -343,3 +412,34 @@ def enforce_merge_guards(
             description=f"merge guards failed: {', '.join(failed)}; nothing was merged "
             "(see the check evaluations on flushed_generations)"
         )
+
+
+def _appended_key_guards(table: "LsmTable") -> dict[str, AssetCheckResult]:
+    """The base key checks over the rows appended since the last merge."""
+    from resources.lsm.quality.base_guard import verify_appended_keys
+
+    found = verify_appended_keys(table)
+    scope = {
+        "scope": "rows appended to the base since the last merge",
+        "versions_read": found.versions,
+        "rows_checked": found.rows_checked,
+        "rows_left_to_quality_job": found.rows_unchecked,
+    }
+    return {
+        "base_primary_key_unique": AssetCheckResult(
+            passed=found.keys_unique,
+            metadata={
+                **scope,
+                "duplicate_keys": found.duplicate_keys,
+                "offending_keys_sample": MetadataValue.json([list(k) for k in found.duplicate_sample]),
+            },
+        ),
+        "base_primary_key_not_null": AssetCheckResult(
+            passed=found.keys_not_null,
+            metadata={
+                **scope,
+                "null_keys": found.null_keys,
+                "nullable_key_columns": MetadataValue.json(list(found.nullable_key_columns)),
+            },
+        ),
+    }

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from dagster import AssetExecutionContext, Config, MaterializeResult, asset
 from pydantic import Field
 
-from resources.gx_resource import GreatExpectationsResource
 from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from resources.table_resource import LsmTableResource
 
@@ -198,15 +197,13 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
 
 
 @asset(group_name="maintenance", deps=[flushed_generations], kinds={"lance"}, pool="lsm_merge")
-def merged_base(
-    context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource, gx: GreatExpectationsResource
-) -> MaterializeResult:
+def merged_base(context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource) -> MaterializeResult:
     """The base table with shards' flushed generations merged in: newest wins, tombstones
     become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
     The merge guards run first; a failed guard stops the run before anything is merged."""
     table = lsm_table.open()
     shards = selected_shards(table, config.shards)
-    enforce_merge_guards(context, table, gx, [s.bucket for s in shards])
+    enforce_merge_guards(context, table, [s.bucket for s in shards])
     return MaterializeResult(metadata=merge_shards(context, table, shards, config.max_rows_per_pass))
 
 

@@ -56,6 +56,14 @@ class GreatExpectationsResource(ConfigurableResource):
         default=1_000_000, description=("Levels with more rows than this are validated on Spark instead of pandas.")
     )
     sample_size: int = Field(default=20, description="Offending values reported per expectation.")
+    stream_integer_keys: bool = Field(
+        default=True,
+        description=(
+            "Check a single integer primary key of a level over spark_row_threshold rows by streaming it "
+            "through a bitmap of seen keys (bounded memory, no Spark); keys spread too thinly for that, "
+            "and other keys, are validated with GX on Spark."
+        ),
+    )
     _context: Any = PrivateAttr(default=None)
     _names: Any = PrivateAttr(default_factory=itertools.count)
 

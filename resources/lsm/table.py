@@ -825,7 +825,7 @@ class LsmTable:
         """
         dataset = self.dataset()
         with self._fencing_as_error(shard_id):
-            writer = dataset.mem_wal_writer(shard_id, **self._recorded_writer_settings())
+            writer = dataset.mem_wal_writer(shard_id, **self.recorded_writer_settings())
         self._writer_schemas[shard_id] = dataset.schema
         return writer
 
@@ -860,7 +860,7 @@ class LsmTable:
             return call(threading.Event())
         return bounded(call, operation, self.uri, self.storage.retry_policy.timeout)
 
-    def _recorded_writer_settings(self) -> dict[str, Any]:
+    def recorded_writer_settings(self) -> dict[str, Any]:
         """``writer_config`` as typed keyword arguments (Lance records every value as a string)."""
         return {
             key: value == "true" if key == "durable_write" else int(value)

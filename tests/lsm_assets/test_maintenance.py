@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import lance
 from dagster import DagsterRun, DagsterRunStatus, instance_for_test, materialize
 
@@ -12,7 +15,7 @@ from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.table_resource import LsmTableResource
-from tests.helpers import keys_in_bucket, resolved_job, rows_by_key, write_generation
+from tests.helpers import REPO_ROOT, keys_in_bucket, resolved_job, rows_by_key, write_generation
 
 
 def _table_with_history(make_table) -> tuple[LsmTable, dict]:
@@ -145,3 +148,28 @@ def test_an_unknown_shard_fails_the_run_with_the_table_shard_count(make_table):
     )
     assert not result.success
     assert "buckets [7] do not exist" in str(result.failure_data_for_node("merged_base").error)
+
+
+_MERGE_IN_A_FRESH_PROCESS = """
+import sys
+from jobs import merge_job
+from resources.table_resource import LsmTableResource
+from tests.helpers import resolved_job
+result = resolved_job(merge_job, {"lsm_table": LsmTableResource(uri=sys.argv[1])}).execute_in_process()
+assert result.success
+print(sorted(m for m in ("great_expectations", "pyspark") if m in sys.modules))
+"""
+
+
+def test_a_merge_run_loads_neither_great_expectations_nor_spark(make_table):
+    table, oracle = _table_with_history(make_table)
+    table.flush()
+    output = subprocess.run(
+        [sys.executable, "-c", _MERGE_IN_A_FRESH_PROCESS, table.uri],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert output.strip().splitlines()[-1] == "[]"
+    assert _view(table) == oracle and all(not s.pending_generations for s in table.shards())

@@ -61,6 +61,7 @@ from ..format.compaction_marker import read_compacted_generations
 from ..format.schema import TOMBSTONE_COLUMN, empty_tail
 from ..format.shard_state import ShardState
 from ..read.dedup import keep_last_per_key
+from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
 
@@ -77,7 +78,6 @@ MAX_CONFLICTS_PER_SHARD = 8
 _INDEX_JOIN_MAX_FRACTION = 1e-4
 # Messages of the OSErrors pylance raises when a commit loses to a concurrent one.
 _CONFLICT_MESSAGES = ("Stale SSTable compaction", "Too many concurrent writers", "commit conflict")
-_I64_MIN = -(2**63)
 
 
 @dataclass(frozen=True)
@@ -99,12 +99,25 @@ class MaintenancePolicy:
         0 (default) optimizes after every merge: cheap when nothing is
         unindexed, and it records the index catch-up that garbage collection
         waits for before deleting merged generations.
+    max_index_deltas
+        Each optimization indexes only the rows the index misses, as a new
+        delta segment (its cost follows the change, not the base). Once an
+        index has this many delta segments, they are merged into one with
+        the new rows (a cost in the delta rows). Every segment costs a point
+        query about 0.1 ms more (``benchmarks/scale.py``).
+    max_index_delta_fraction
+        Merge every segment of an index into one (a rebuild, a cost in the
+        base rows) once its delta segments hold more than this fraction of
+        its indexed rows. The base grows by that fraction between rebuilds,
+        so their cost per merged row stays bounded.
     """
 
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
     max_deleted_fraction: float = 0.1
     min_unindexed_rows: int = 0
+    max_index_deltas: int = 4
+    max_index_delta_fraction: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -375,7 +388,7 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
     names = keys.column_names
     if len(names) == 1:
         values = keys.column(0).to_pylist()
-        return f"`{names[0]}` IN ({', '.join(_sql_literal(v) for v in values)})"
+        return in_list(names[0], values)
     string_columns = {
         n for n in names if pa.types.is_string(schema.field(n).type) or pa.types.is_large_string(schema.field(n).type)
     }
@@ -390,14 +403,7 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
         "".join(f"{len(row[n])}:{row[n]}|" if n in string_columns else f"{row[n]}|" for n in names)
         for row in keys.to_pylist()
     ]
-    return f"concat({', '.join(parts)}) IN ({', '.join(_sql_literal(e) for e in encoded)})"
-
-
-def _sql_literal(value: int | str) -> str:
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    # The parser reads "-9223372036854775808" as minus an out-of-range integer.
-    return f"({_I64_MIN + 1} - 1)" if value == _I64_MIN else str(value)
+    return f"concat({', '.join(parts)}) IN ({', '.join(sql_literal(e) for e in encoded)})"
 
 
 def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> BaseMaintenance:
@@ -413,7 +419,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
             files = dataset.optimize.compact_files()
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
-            dataset.optimize.optimize_indices()
+            _optimize_indices(dataset, policy)
     except OSError as exc:
         if not _is_commit_conflict(exc):
             raise
@@ -436,10 +442,39 @@ def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolic
     return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
 
 
+def _user_indices(dataset: lance.LanceDataset) -> list[str]:
+    """Names of the indexes on columns (the MemWAL index has none)."""
+    return [d.name for d in dataset.describe_indices() if d.fields]
+
+
 def _max_unindexed_rows(dataset: lance.LanceDataset) -> int:
     """Rows the most out-of-date user index misses (-1 without user indexes)."""
-    names = [d.name for d in dataset.describe_indices() if d.fields]
-    return max((dataset.stats.index_stats(n)["num_unindexed_rows"] for n in names), default=-1)
+    return max((dataset.stats.index_stats(n)["num_unindexed_rows"] for n in _user_indices(dataset)), default=-1)
+
+
+def _optimize_indices(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> None:
+    """Index the rows every user index misses, in a cost that follows them (see :class:`MaintenancePolicy`).
+
+    Without user indexes, one plain ``optimize_indices`` still records the
+    MemWAL index catch-up.
+    """
+    names = _user_indices(dataset)
+    if not names:
+        dataset.optimize.optimize_indices()
+    for name in names:
+        dataset.optimize.optimize_indices(
+            index_names=[name], num_indices_to_merge=_segments_to_merge(dataset.stats.index_stats(name), policy)
+        )
+
+
+def _segments_to_merge(stats: dict[str, Any], policy: MaintenancePolicy) -> int:
+    """Newest segments to merge with the unindexed rows: 0 (a new delta), the deltas, or all."""
+    # Lance lists the segments oldest first; the first is the base-sized one.
+    rows = stats["num_indexed_rows_per_delta"]
+    deltas = rows[1:]
+    if sum(deltas) > policy.max_index_delta_fraction * sum(rows):
+        return len(rows)
+    return len(deltas) if len(deltas) >= policy.max_index_deltas else 0
 
 
 def _is_commit_conflict(exc: OSError) -> bool:

@@ -1,6 +1,8 @@
 """Recovery drill: SIGKILL a writer mid-stream, recover, and prove nothing acknowledged was lost.
 
-On a scratch copy of a table (the caller's directory), :func:`run_drill`:
+On a scratch table (the caller's directory) that starts from a bounded sample
+of the table's merged view (``DrillConfig.sample_rows``, see :mod:`.scratch`),
+:func:`run_drill`:
 
 1. generates change batches for the table's schema (each key at most once
    per batch; existing and new keys; upserts and deletes);
@@ -42,7 +44,7 @@ import pyarrow.ipc as ipc
 from ..format.schema import DELETE, OP_COLUMN
 from ..table import LsmTable
 from .recovery_checks import ShardRecovery, verify_shards
-from .scratch import key_pool, scratch_copy, synthetic_changes
+from .scratch import DEFAULT_SAMPLE_ROWS, key_pool, scratch_sample, synthetic_changes
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
 Key = tuple[object, ...]
@@ -51,7 +53,12 @@ State = dict[Key, dict[str, object] | None]  # key -> row, or None when the key 
 
 @dataclass(frozen=True)
 class DrillConfig:
-    """Shape of one drill. ``seed`` makes the batches and the kill moment reproducible."""
+    """Shape of one drill. ``seed`` makes the batches and the kill moment reproducible.
+
+    ``sample_rows`` bounds the scratch table's base (rows of the source's
+    merged view): the drill's memory and time follow it and the batches, not
+    the source's size. The oracle holds the sample and the batches.
+    """
 
     batches: int = 24
     batch_size: int = 40
@@ -62,6 +69,7 @@ class DrillConfig:
     max_kill_jitter_seconds: float = 0.05
     timeout_seconds: float = 120.0
     seed: int = 0
+    sample_rows: int = DEFAULT_SAMPLE_ROWS
 
 
 @dataclass(frozen=True)
@@ -94,10 +102,10 @@ class DrillReport:
 
 
 def run_drill(table: LsmTable, scratch_dir: str, config: DrillConfig = DrillConfig()) -> DrillReport:
-    """Run the drill on a copy of ``table`` made under ``scratch_dir``; ``table`` is not written."""
+    """Run the drill on a scratch sample of ``table`` made under ``scratch_dir``; ``table`` is not written."""
     rng = np.random.default_rng(config.seed)
     os.makedirs(scratch_dir, exist_ok=True)
-    copy = scratch_copy(table, os.path.join(scratch_dir, "table.lance"))
+    copy = scratch_sample(table, os.path.join(scratch_dir, "table.lance"), config.sample_rows)
     before = _state(copy, copy.read())
     existing = pa.table(
         {k: pa.array([key[i] for key in before], copy.schema.field(k).type) for i, k in enumerate(copy.primary_key)}

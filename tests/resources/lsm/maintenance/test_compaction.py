@@ -5,6 +5,7 @@ Real Lance tables on disk; crashes are real SIGKILLs of a subprocess.
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import signal
@@ -18,7 +19,7 @@ from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.compaction_marker import read_compacted_generations
-from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
+from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import (
     assert_base_sane,
@@ -250,6 +251,37 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
     assert {s.shard_id: s.compacted_generation for s in table.shards()} == {
         r.shard_id: r.compacted_generation for r in result.shards
     }
+    assert_view(table, batches)
+
+
+@pytest.mark.parametrize("delta_fraction, most_segments", [(1.0, 3), (0.0, 2)])
+def test_each_merge_indexes_only_its_rows_and_merges_index_deltas_occasionally(tmp_path, delta_fraction, most_segments):
+    # delta_fraction 1.0: deltas never outgrow the base's segment, so they are only merged
+    # among themselves; 0.0: every second merge rebuilds the index into one segment.
+    batches = list(generate_changes(ChangeStreamSpec(num_keys=2000, num_batches=8, batch_size=300, seed=3)))
+    table = LsmTable.create(str(tmp_path / "t.lance"), EVENTS_SCHEMA, ["id"], num_shards=2)
+    policy = MaintenancePolicy(max_index_deltas=2, max_index_delta_fraction=delta_fraction)
+    segments = []
+    for batch in batches:
+        table.write(batch)
+        table.close()
+        table.compact(maintenance=policy)
+        stats = table.dataset().stats.index_stats("id_idx")
+        assert stats["num_unindexed_rows"] == 0
+        segments.append(len(stats["num_indexed_rows_per_delta"]))
+
+    assert max(segments) == most_segments  # at most 1 + max_index_deltas, and reached
+    assert any(later < earlier for earlier, later in itertools.pairwise(segments))  # merged again
+    assert_view(table, batches)
+    some = [row["id"] for row in table.read(columns=["id"]).slice(0, 50).to_pylist()]
+    assert sorted(table.lookup(some)["id"].to_pylist()) == sorted(some)  # answered through the segments
+    # Every optimization records the index catch-up, so GC can delete what was merged.
+    assert (
+        table.gc(
+            orphan_grace_seconds=0, wal_grace_seconds=0, retain_versions=1, older_than=None
+        ).compacted_generations.count
+        > 0
+    )
     assert_view(table, batches)
 
 

@@ -1,0 +1,113 @@
+"""Merge guard on the base table's keys, scoped to what changed since the last merge.
+
+A merge keeps the base's keys unique by construction: ``merge_insert`` on the
+key with a source that holds each key once. The base can gain a duplicate or
+a null key only from a commit that is not a merge, such as a plain Lance
+append. :func:`verify_appended_keys` therefore reads the base's transactions
+back from the latest version to the last merge (or the table's creation),
+and checks only the rows those commits appended:
+
+* every key column of the base is declared non-nullable (Lance then refuses
+  null keys in every commit), and the appended rows hold no null key;
+* no appended key occurs twice in the base: the appended keys are probed
+  through the key index (an ``IN`` predicate), so the cost follows the
+  appended rows, not the base.
+
+Appends larger than ``max_rows`` are not probed here (that would cost a scan
+of the base); they are reported as unchecked and left to the full
+``base_primary_key_unique`` check of ``quality_job`` (streamed, or Spark).
+Earlier appends were checked by the guard of the merge that followed them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+
+from ..maintenance.compaction import key_in_predicate
+
+if TYPE_CHECKING:
+    from ..table import LsmTable
+
+DEFAULT_MAX_APPENDED_ROWS = 1_000_000
+"""Appended rows the guard probes at most (beyond: reported as unchecked)."""
+
+_SAMPLE = 20
+
+
+@dataclass(frozen=True)
+class AppendedKeys:
+    """What :func:`verify_appended_keys` found.
+
+    Attributes
+    ----------
+    versions
+        Base versions read back (the latest first), down to the last merge.
+    rows_checked
+        Appended rows whose keys were probed.
+    rows_unchecked
+        Appended rows beyond ``max_rows``, left to ``quality_job``.
+    nullable_key_columns, null_keys
+        Key columns the base declares nullable; appended rows with a null key.
+    duplicate_keys
+        How many appended keys occur more than once in the base, and a sample of them.
+    """
+
+    versions: int
+    rows_checked: int
+    rows_unchecked: int
+    nullable_key_columns: tuple[str, ...]
+    null_keys: int
+    duplicate_keys: int
+    duplicate_sample: tuple[tuple[object, ...], ...]
+
+    @property
+    def keys_unique(self) -> bool:
+        return self.duplicate_keys == 0
+
+    @property
+    def keys_not_null(self) -> bool:
+        return not self.nullable_key_columns and self.null_keys == 0
+
+
+def verify_appended_keys(table: LsmTable, max_rows: int = DEFAULT_MAX_APPENDED_ROWS) -> AppendedKeys:
+    """Check the keys of the rows appended to the base since the last merge.
+
+    Reads the transactions and the appended rows' key columns only; the base
+    is probed through its key index for those keys.
+    """
+    base = table.dataset()
+    key = list(table.primary_key)
+    versions, files = _appended_files(base)
+    fragments = [f for f in base.get_fragments() if f.metadata.files and f.metadata.files[0].path in files]
+    appended = sum(f.count_rows() for f in fragments)
+    nullable = tuple(k for k in key if base.schema.field(k).nullable)
+    if not fragments or appended > max_rows:
+        return AppendedKeys(versions, 0, appended, nullable, 0, 0, ())
+    keys = pa.concat_tables([f.to_table(columns=key) for f in fragments])
+    null_keys = keys.num_rows - keys.drop_null().num_rows
+    found = base.to_table(
+        columns=key, filter=key_in_predicate(keys.drop_null().group_by(key).aggregate([]), base.schema)
+    )
+    counts = found.group_by(key).aggregate([([], "count_all")])
+    duplicates = counts.filter(pa.compute.greater(counts["count_all"], 1)).select(key)
+    sample = tuple(tuple(row.values()) for row in duplicates.slice(0, _SAMPLE).to_pylist())
+    return AppendedKeys(versions, keys.num_rows, 0, nullable, null_keys, duplicates.num_rows, sample)
+
+
+def _appended_files(base: lance.LanceDataset) -> tuple[int, set[str]]:
+    """Versions read back to the last merge, and the data files appended since it."""
+    files: set[str] = set()
+    versions = 0
+    for version in range(base.version, 0, -1):
+        versions += 1
+        transaction = base.read_transaction(version)
+        operation = transaction.operation if transaction else None
+        if isinstance(operation, lance.LanceOperation.Append):
+            files.update(f.files[0].path for f in operation.fragments if f.files)
+        elif isinstance(operation, (lance.LanceOperation.Update, lance.LanceOperation.Overwrite)):
+            break  # a merge (or the table's creation): what came before was guarded already
+    return versions, files
