@@ -153,11 +153,15 @@ def p50(work: Callable[[object], object], keys: list[object]) -> float:
 
 
 def write_generations(table: LsmTable, kind: str, rows: int, count: int, rng: np.random.Generator) -> list[pa.Table]:
-    """``count`` flushed generations of ``GENERATION_ROWS`` random-key upserts each (every shard gets one)."""
+    """``count`` flushed generations of ``GENERATION_ROWS`` random-key upserts each (every shard gets one).
+
+    Then the pending runs are built, as the flush job does after flushing.
+    """
     batches = [rows_for(kind, rng.integers(0, rows, GENERATION_ROWS), rng) for _ in range(count)]
     for batch in batches:
         table.write(batch)
         table.close()
+    table.build_pending_runs()
     return batches
 
 
