@@ -307,14 +307,14 @@ def _usable_run(snapshot: ReadSnapshot, shard: ShardState, columns: list[str]) -
 
 def _split_by_trust(snapshot: ReadSnapshot, runs: list[PendingRun]) -> tuple[list[PendingRun], list[PendingRun]]:
     """``runs`` whose deletion vector holds in the pinned base, and the others (forgotten by the cache)."""
-    if not runs:
-        return [], []
-    present = fragment_ids(snapshot.dataset)
-    trusted = [run for run in runs if run.superseded.holds_in(present)]
+    trusted: list[PendingRun] = []
+    untrusted: list[PendingRun] = []
+    present = fragment_ids(snapshot.dataset) if runs else set()
     for run in runs:
-        if run not in trusted and snapshot.runs is not None:
+        (trusted if run.superseded.holds_in(present) else untrusted).append(run)
+        if snapshot.runs is not None and run in untrusted:
             snapshot.runs.forget(run)
-    return trusted, [run for run in runs if run not in trusted]
+    return trusted, untrusted
 
 
 # A PendingGenerations entry: the (shard id, directory) generations and the (name, type) columns of the shape.

@@ -65,7 +65,7 @@ Generations = tuple[tuple[int, str], ...]
 """``(generation, directory)`` pairs, ascending."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: comparing tables row by row is never what is meant
 class PendingRun:
     """The newest change per key over ``generations`` of one shard, and the base rows they supersede."""
 
