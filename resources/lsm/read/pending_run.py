@@ -116,8 +116,7 @@ def build_run(
     ``shard`` must be pinned above ``dataset`` (``LsmTable.shard_states``).
     ``previous``, a run over a prefix of them, is extended rather than
     rebuilt: only newer generations are read, and only keys without a known
-    base row are looked up (through the key index: the cost follows the
-    change, not the base).
+    base row are looked up (:func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
     """
     shape = empty_tail(dataset.schema).schema.append(pa.field(BASE_ROW_ADDRESS, pa.uint64()))
     columns = pa.schema(list(shape)[:-1])
