@@ -1,9 +1,10 @@
 """The platform on a Spark standalone cluster: a master and two workers on 127.0.0.1, 1 core each.
 
-``ingest_job`` runs through the real CLI with ``SPARK_MASTER=spark://…``, and the
-``lance_lsm`` source reads the table back on the same cluster: executors are separate
-JVMs with their own Python workers, which import this package and open the table
-themselves. Both must match the change generator's replay oracle.
+``ingest_job`` runs through the real CLI with ``SPARK_MASTER=spark://…``, the
+``lance_lsm`` source reads the table back on the same cluster, and a DataFrame is
+written with ``df.write.format("lance_lsm")`` there: executors are separate JVMs
+with their own Python workers, which import this package and open the table
+themselves. Each must match the change generator's replay oracle.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import pytest
 
 from deploy.stack import ROOT, SparkCluster, spark_cluster
 from resources.lsm import LsmTable
-from resources.lsm.testing.changegen import ChangeStreamSpec, replay as replay_oracle, write_landing_files
+from resources.lsm.testing.changegen import (
+    EVENTS_SCHEMA,
+    ChangeStreamSpec,
+    generate_changes,
+    replay as replay_oracle,
+    write_landing_files,
+)
 from tests.helpers import rows_by_key, run_cli_job
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="Java is not installed (Spark needs a JVM)")
@@ -78,3 +85,27 @@ def test_lance_lsm_source_reads_the_merged_view_on_executors(ingested):
     assert len(report["executor_jvm_pids"]) == 2, report["executor_jvm_pids"]
     assert not set(report["executor_jvm_pids"]) & set(report["driver_pids"])
     assert report["driver_pids"][0] not in report["python_worker_pids"]
+
+
+def test_a_dataframe_written_on_the_cluster_equals_the_oracle(cluster, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    batches = list(generate_changes(SPEC))
+    pq.write_table(pa.concat_tables(batches), tmp_path / "changes.parquet")
+    uri = str(tmp_path / "written.lance")
+    LsmTable.create(uri, EVENTS_SCHEMA, ["id"], num_shards=4).close()
+    code = (
+        "from tests.resources.lsm.spark.spark_child import write; "
+        f"write({uri!r}, {str(tmp_path / 'changes.parquet')!r}, 'cluster', {cluster.master_url!r})"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {k[0]: v for k, v in rows_by_key(LsmTable.open(uri).read()).items()} == replay_oracle(batches)

@@ -36,9 +36,9 @@ def stream(table_uri: str, source_dir: str, checkpoint: str) -> None:
     query.stop()
 
 
-def write(table_uri: str, changes: str, write_id: str) -> None:
-    """``df.write`` of the Parquet file ``changes`` under ``write_id``."""
-    frame = spark_session("local[2]").read.parquet(changes)
+def write(table_uri: str, changes: str, write_id: str, master: str = "local[2]") -> None:
+    """``df.write`` of the Parquet file ``changes`` under ``write_id``, on ``master``."""
+    frame = spark_session(master).read.parquet(changes).repartition(4)
     frame.write.format("lance_lsm").mode("append").option("write_id", write_id).save(table_uri)
 
 
