@@ -36,9 +36,12 @@ from resources.lsm.testing.changegen import (
 )
 from tests.helpers import rows_by_key
 
-pytestmark = pytest.mark.skipif(
-    postgres_bin() is None, reason="PostgreSQL is not installed (./dev setup installs Debian's postgresql)"
-)
+pytestmark = [
+    pytest.mark.soak,
+    pytest.mark.skipif(
+        postgres_bin() is None, reason="PostgreSQL is not installed (./dev setup installs Debian's postgresql)"
+    ),
+]
 
 ARTIFACTS = ROOT / "test-artifacts" / "soak"
 FEED_SECONDS = 75
