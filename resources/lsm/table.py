@@ -562,8 +562,11 @@ class LsmTable:
             rows: int = run.changes.num_rows
             return rows
 
+        def build_retrying(state: ShardState) -> int | None:
+            return self.storage.retrying(lambda: build(state), f"build the pending run of shard {state.shard_id}")
+
         states = [s for s in self.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
-        built = dict(zip((s.shard_id for s in states), self._for_each_shard(build, states), strict=True))
+        built = dict(zip((s.shard_id for s in states), self._for_each_shard(build_retrying, states), strict=True))
         return {shard_id: rows for shard_id, rows in built.items() if rows is not None}
 
     def gc(
