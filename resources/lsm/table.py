@@ -796,13 +796,16 @@ class LsmTable:
                 for chunk in _slices(deletes, self.max_rows_per_put):
                     writer.delete(chunk)
 
+        def start_afresh() -> None:
+            # The failed attempt may have logged part of the change. Flushing it (a new writer replays
+            # the WAL, then closes) lets the retry's writer start a new generation: replayed and re-put
+            # rows together in one generation could outgrow what a later replay accepts.
+            self._writers.pop(shard_id, None)
+            self._close_writer(shard_id, None)
+
         operation = f"write shard {shard_id}"
         try:
-            self.storage.retrying(
-                lambda: self._bounded(put, operation),
-                operation,
-                before_retry=lambda: self._writers.pop(shard_id, None),
-            )
+            self.storage.retrying(lambda: self._bounded(put, operation), operation, before_retry=start_afresh)
         except StorageUnavailableError:
             self._writers.pop(shard_id, None)  # possibly stuck in the outage: the next write claims anew
             raise
