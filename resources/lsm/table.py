@@ -8,6 +8,7 @@ generations and the WAL tail. See docs/architecture.md for the whole design.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -53,6 +54,8 @@ from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes,
 if TYPE_CHECKING:
     import pandas as pd
 
+log = logging.getLogger(__name__)
+
 _T = TypeVar("_T")
 _S = TypeVar("_S")
 
@@ -78,6 +81,9 @@ WRITER_CONFIG_KEYS = frozenset(
 )
 
 LANCE_MAX_MEMTABLE_ROWS = 100_000  # Lance's default for ``max_memtable_rows``
+_REPLAY_OVERFLOW = "past what the memtable replaying it can hold"
+_ROOMY_MEMTABLE_ROWS = 1 << 30
+_ROOMY_MEMTABLE_BATCHES = 1 << 20
 
 DEFAULT_WRITER_CONFIG: dict[str, Any] = {
     "durable_write": True,
@@ -830,10 +836,32 @@ class LsmTable:
             If another writer claimed the shard while this one was opening.
         """
         dataset = self.dataset()
+        settings = self.recorded_writer_settings()
         with self._fencing_as_error(shard_id):
-            writer = dataset.mem_wal_writer(shard_id, **self.recorded_writer_settings())
+            try:
+                writer = dataset.mem_wal_writer(shard_id, **settings)
+            except OSError as exc:
+                if _REPLAY_OVERFLOW not in str(exc):
+                    raise
+                self._flush_oversized_generation(dataset, shard_id, settings, exc)
+                writer = dataset.mem_wal_writer(shard_id, **settings)
         self._writer_schemas[shard_id] = dataset.schema
         return writer
+
+    def _flush_oversized_generation(
+        self, dataset: lance.LanceDataset, shard_id: str, settings: dict[str, Any], exc: OSError
+    ) -> None:
+        """Flush a WAL generation larger than the recorded MemTable limits, through a writer with room for it.
+
+        pylance 14.0.2 can log more rows into one generation than a replaying
+        writer of the same settings accepts (seen after store faults, when a
+        writer was replaced while its frozen MemTable had not flushed yet);
+        every later writer then refuses to open. The generation's rows are all
+        in the WAL: a writer with larger limits replays and flushes them.
+        """
+        log.warning("shard %s: %s; flushing it with larger MemTable limits", shard_id, exc)
+        roomy = {**settings, "max_memtable_rows": _ROOMY_MEMTABLE_ROWS, "max_memtable_batches": _ROOMY_MEMTABLE_BATCHES}
+        dataset.mem_wal_writer(shard_id, **roomy).close()
 
     def _close_writer(self, shard_id: str, writer: ShardWriter | None) -> None:
         """Close ``writer`` (``None``: claim the shard with a new one), flushing its MemTable.

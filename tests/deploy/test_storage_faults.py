@@ -8,7 +8,9 @@ drawn from a seed. For ``SOAK_SECONDS``, at the same time:
 - a writer thread writes change batches through the API (retrying a write
   that raised, as documented) and flushes its own MemTables now and then;
 - the main thread lands files and runs ``ingest_job`` (Spark, in process)
-  on a second table, re-running a run that failed until it succeeds;
+  on a second table, and writes a change batch with
+  ``df.write.format("lance_lsm")`` (one ``write_id`` per batch) to a third,
+  re-running a run or a write that failed until it succeeds;
 - a maintenance thread merges and collects garbage on both tables and reads
   the API table, checking that no acknowledged row is missing or doubled and
   no deleted key came back.
@@ -56,6 +58,7 @@ PLAN = FaultPlan(probability=0.05, seed=20, delay_seconds=3.0)
 GRACE_SECONDS = 60  # GC's grace while writers run: longer than any flush under faults takes
 API_SPEC = ChangeStreamSpec(num_keys=1500, num_batches=10_000, batch_size=100, seed=31)
 INGEST_SPEC = ChangeStreamSpec(num_keys=1500, num_batches=100, batch_size=150, seed=32)
+FRAME_SPEC = ChangeStreamSpec(num_keys=1500, num_batches=100, batch_size=300, seed=33)
 FILES_PER_RUN = 2
 MAX_RUNS_PER_ROUND = 6
 EVERYTHING = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "older_than": None, "retain_versions": 1}
@@ -68,6 +71,7 @@ class Observed:
     started: list[pa.Table] = field(default_factory=list)
     acknowledged: list[pa.Table] = field(default_factory=list)
     ingested: list[pa.Table] = field(default_factory=list)
+    framed: list[pa.Table] = field(default_factory=list)
     failed: Counter[str] = field(default_factory=Counter)
     recovered: Counter[str] = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
@@ -157,6 +161,28 @@ def _ingest_round(ingest_uri: str, options: dict, observed: Observed, number: in
     pytest.fail(f"ingest_job round {number} did not succeed in {MAX_RUNS_PER_ROUND} runs: {observed.errors[-3:]}")
 
 
+def _dataframe_round(spark, uri: str, options: dict, batch: pa.Table, observed: Observed, number: int) -> None:
+    """Write ``batch`` with ``df.write.format("lance_lsm")`` under its own write id until a write succeeds.
+
+    A failed write is re-run with the same ``write_id``: it applies what the
+    failed one did not, and nothing twice.
+    """
+    frame = spark.createDataFrame(batch)
+    writer_options = {"write_id": f"soak-{number}", **{f"storage.{k}": v for k, v in options.items()}}
+    for attempt in range(MAX_RUNS_PER_ROUND):
+        try:
+            frame.write.format("lance_lsm").mode("append").options(**writer_options).save(uri)
+        except Exception as exc:  # Spark wraps the task's or the commit's store error in its own type
+            observed.failed["dataframe write"] += 1
+            observed.errors.append(f"dataframe write: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        if attempt:
+            observed.recovered["dataframe write"] += 1
+        observed.framed.append(batch)
+        return
+    pytest.fail(f"dataframe write {number} did not succeed in {MAX_RUNS_PER_ROUND} attempts: {observed.errors[-3:]}")
+
+
 def _resources(ingest_uri: str, options: dict) -> dict:
     table = LsmTableResource(uri=ingest_uri, storage_options=options)
     return {
@@ -174,8 +200,9 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
     api = LsmTable.create(
         f"{root}/api.lance", EVENTS_SCHEMA, ["id"], num_shards=2, storage_options=options, max_memtable_rows=300
     )
-    ingest_uri = f"{root}/ingest.lance"
-    LsmTable.create(ingest_uri, EVENTS_SCHEMA, ["id"], num_shards=2, storage_options=options)
+    ingest_uri, frames_uri = f"{root}/ingest.lance", f"{root}/frames.lance"
+    for uri in (ingest_uri, frames_uri):
+        LsmTable.create(uri, EVENTS_SCHEMA, ["id"], num_shards=2, storage_options=options)
     options = {**options, "client_retry_timeout": "10"}  # a wedged Lance call is given up on sooner
     observed, stop = Observed(), threading.Event()
     retries_before = RETRY_COUNTS.snapshot()
@@ -188,7 +215,7 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
     ]
     for thread in threads:
         thread.start()
-    files = generate_changes(INGEST_SPEC)
+    files, frames = generate_changes(INGEST_SPEC), generate_changes(FRAME_SPEC)
     rounds = 0
     try:
         while time.monotonic() - started < SOAK_SECONDS:
@@ -197,6 +224,7 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
                 write_landing_file(batch, landing, len(observed.ingested))
                 observed.ingested.append(batch)
             _ingest_round(ingest_uri, options, observed, rounds)
+            _dataframe_round(spark, frames_uri, options, next(frames), observed, rounds)
             rounds += 1
     finally:
         stop.set()
@@ -214,6 +242,7 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
     tables = {
         "api": (api, observed.acknowledged),
         "ingest": (LsmTable.open(ingest_uri, storage_options=options), observed.ingested),
+        "dataframe": (LsmTable.open(frames_uri, storage_options=options), observed.framed),
     }
     for table, _ in tables.values():
         table.flush()
@@ -234,6 +263,7 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
         "operations_failed_then_recovered": dict(observed.recovered),
         "api_batches_acknowledged": len(observed.acknowledged),
         "files_ingested": len(observed.ingested),
+        "dataframe_writes": len(observed.framed),
         "ingest_rounds": rounds,
         "views_checked_during_faults": observed.views_checked,
         "errors": observed.errors[:20],
