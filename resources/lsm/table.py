@@ -781,10 +781,11 @@ class LsmTable:
     def _put_resolved(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
         """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts.
 
-        After a transient store error the writer is dropped and everything is
-        put again through a new one (which replays the WAL, including any
-        entry the failed put did write): re-putting one change per key is
-        idempotent, and nothing is acknowledged before every put returned.
+        After a transient store error the writer is dropped, whatever the
+        failed attempt may have logged is flushed (a new writer replays the
+        WAL, then closes), and everything is put again through a fresh writer:
+        re-putting one change per key is idempotent, and nothing is
+        acknowledged before every put returned.
         """
 
         def put(abandoned: threading.Event) -> None:
@@ -853,11 +854,11 @@ class LsmTable:
     ) -> None:
         """Flush a WAL generation larger than the recorded MemTable limits, through a writer with room for it.
 
-        pylance 14.0.2 can log more rows into one generation than a replaying
-        writer of the same settings accepts (seen after store faults, when a
-        writer was replaced while its frozen MemTable had not flushed yet);
-        every later writer then refuses to open. The generation's rows are all
-        in the WAL: a writer with larger limits replays and flushes them.
+        pylance 14.0.2 can leave more rows logged for one generation than a
+        replaying writer of the same settings accepts (seen in the storage-fault
+        soak, where writers are replaced after failed puts and flushes); every
+        later writer then refuses to open the shard. The generation's rows are
+        all in the WAL: a writer with larger limits replays and flushes them.
         """
         log.warning("shard %s: %s; flushing it with larger MemTable limits", shard_id, exc)
         roomy = {**settings, "max_memtable_rows": _ROOMY_MEMTABLE_ROWS, "max_memtable_batches": _ROOMY_MEMTABLE_BATCHES}
