@@ -561,7 +561,13 @@ class LsmTable:
                     return None
                 self._runs.forget(previous)
             run = build_run(
-                dataset, state, self.primary_key, previous, storage_options=self.storage_options, session=self._session
+                dataset,
+                state,
+                self.primary_key,
+                previous,
+                fragments=present,
+                storage_options=self.storage_options,
+                session=self._session,
             )
             store_run(self.storage, run)
             self._runs.remember(run)

@@ -94,6 +94,7 @@ def load_shard_state(
     present = () if for_read else list_generation_dirs(storage, shard_id)
     orphans = tuple(d for _, d in present if d not in listed_dirs)
     pending = [d for g, d in listed if g > compacted_generation]
+    oldest_flush_ns = generation_flush_time_ns(storage, shard_id, pending[0]) if pending and not for_read else None
     return ShardState(
         shard_id=shard_id,
         bucket=bucket,
@@ -107,7 +108,7 @@ def load_shard_state(
         unflushed_wal_bytes=sum(e.size for e in unflushed),
         unflushed_wal_first_mtime_ns=min(wal_mtimes, default=None),
         unflushed_wal_last_mtime_ns=max(wal_mtimes, default=None),
-        oldest_pending_mtime_ns=_flush_time_ns(storage, shard_id, pending[0]) if pending and not for_read else None,
+        oldest_pending_mtime_ns=oldest_flush_ns,
         orphan_directories=orphans,
         pending_rows=sum(s.physical_rows or 0 for s in manifest.sstables if s.generation > compacted_generation)
         if manifest
@@ -115,7 +116,7 @@ def load_shard_state(
     )
 
 
-def _flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
+def generation_flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
     """When a generation was committed: the mtime of its dataset manifest."""
     mtimes = [
         f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions") if f.mtime_ns is not None

@@ -56,9 +56,6 @@ class DeletionVector:
             union.addresses = np.sort(np.concatenate([v.addresses for v in vectors]), kind="stable")
         return union
 
-    def __len__(self) -> int:
-        return len(self.addresses)
-
     @cached_property
     def fragment_ids(self) -> frozenset[int]:
         """The base fragments the vector points into."""

@@ -311,8 +311,11 @@ def _split_by_trust(snapshot: ReadSnapshot, runs: list[PendingRun]) -> tuple[lis
     untrusted: list[PendingRun] = []
     present = fragment_ids(snapshot.dataset) if runs else set()
     for run in runs:
-        (trusted if run.superseded.holds_in(present) else untrusted).append(run)
-        if snapshot.runs is not None and run in untrusted:
+        if run.superseded.holds_in(present):
+            trusted.append(run)
+            continue
+        untrusted.append(run)
+        if snapshot.runs is not None:
             snapshot.runs.forget(run)
     return trusted, untrusted
 

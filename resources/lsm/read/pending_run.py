@@ -37,6 +37,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -45,8 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..format.schema import conform, empty_tail
-from ..format.shard_manifest import shard_dir
-from ..format.shard_state import ShardState
+from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
@@ -108,12 +108,14 @@ def build_run(
     primary_key: list[str],
     previous: PendingRun | None = None,
     *,
+    fragments: set[int] | None = None,
     storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
 ) -> PendingRun:
     """Resolve ``shard``'s pending generations (above its marker in ``dataset``) into a run.
 
-    ``shard`` must be pinned above ``dataset`` (``LsmTable.shard_states``).
+    ``shard`` must be pinned above ``dataset`` (``LsmTable.shard_states``);
+    ``fragments`` are ``dataset``'s fragment ids, if the caller has them.
     ``previous``, a run over a prefix of them, is extended rather than
     rebuilt: only newer generations are read, and only keys without a known
     base row are looked up (:func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
@@ -123,7 +125,7 @@ def build_run(
     levels, todo = [], shard.pending_generations
     if previous is not None:
         known = previous.base_rows
-        if not previous.superseded.holds_in(fragment_ids(dataset)):
+        if not previous.superseded.holds_in(fragment_ids(dataset) if fragments is None else fragments):
             known = pa.nulls(len(known), pa.uint64())
         levels.append(conform(previous.changes, columns).append_column(BASE_ROW_ADDRESS, known))
         todo = previous.extra_generations(shard)
@@ -214,7 +216,7 @@ class PendingRuns:
             try:
                 run = read_run(self._storage, path, shard.shard_id)
             except FileNotFoundError:
-                continue  # retired meanwhile
+                continue  # not built (or retired meanwhile)
             except (OSError, ValueError, KeyError, pa.ArrowInvalid) as exc:
                 if not quiet:
                     self._report(shard, path, f"is unreadable ({exc}); reading its generations instead")
@@ -230,17 +232,16 @@ class PendingRuns:
         with self._lock:
             self._runs.pop(run_path(run.shard_id, run.generations), None)
 
-    def _stored(self, shard_id: str, pending: Generations) -> list[str]:
-        """Paths of stored runs over prefixes of ``pending``, longest first (the full set needs no listing)."""
-        full = run_path(shard_id, pending)
-        if self._storage.exists(full):
-            return [full]
+    def _stored(self, shard_id: str, pending: Generations) -> Iterator[str]:
+        """Paths of runs over prefixes of ``pending``, longest first.
+
+        The full set's path comes first, unlisted (the usual case, one read);
+        the shorter prefixes only if a listing shows them.
+        """
+        yield run_path(shard_id, pending)
         present = {f.name for f in self._storage.list_files(f"{RUNS_DIR}/{shard_id}")}
-        first = f"{pending[0][0]:08d}-"
-        if not any(name.startswith(first) for name in present):
-            return []
         prefixes = (run_path(shard_id, pending[:n]) for n in range(len(pending) - 1, 0, -1))
-        return [path for path in prefixes if path.rsplit("/", 1)[1] in present]
+        yield from (path for path in prefixes if path.rsplit("/", 1)[1] in present)
 
     def remember(self, run: PendingRun) -> None:
         """Cache ``run`` (just built or read)."""
@@ -251,9 +252,7 @@ class PendingRuns:
 
     def _report_missing(self, shard: ShardState, path: str) -> None:
         """Warn if a run should exist by now: maintenance builds one soon after each flush."""
-        newest = shard.pending_generations[-1][1]
-        versions = self._storage.list_files(f"{shard_dir(shard.shard_id)}/{newest}/_versions")
-        flushed_ns = min((f.mtime_ns for f in versions if f.mtime_ns is not None), default=None)
+        flushed_ns = generation_flush_time_ns(self._storage, shard.shard_id, shard.pending_generations[-1][1])
         age = None if flushed_ns is None else time.time() - flushed_ns / 1e9
         if age is not None and age < MISSING_RUN_WARNING_SECONDS:
             log.debug(
