@@ -68,7 +68,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..errors import InvalidChangesError
-from ..format.schema import OP_COLUMN, SEQ_COLUMN
+from ..format.schema import CHANGE_COLUMNS
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.cdc import CdcFormat
 from ..ingest.landing import STAGING_DIR, LandingRows, cdc_rows
@@ -159,8 +159,7 @@ def _cdc_format(options: Mapping[str, str]) -> CdcFormat | None:
 
 def _add_unknown_columns(table: LsmTable, frame: pa.Schema) -> None:
     """``auto_evolve``: add the DataFrame's columns the table lacks (nullable), before any task runs."""
-    internal = {OP_COLUMN, SEQ_COLUMN}
-    new = [f.with_nullable(True) for f in frame if f.name not in table.schema.names and f.name not in internal]
+    new = [f.with_nullable(True) for f in frame if f.name not in table.schema.names and f.name not in CHANGE_COLUMNS]
     if new:
         table.add_columns(new)
 
