@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import lance
@@ -165,6 +166,8 @@ class LsmTable:
         self._session = lance.Session()
         self._pending_cache = merged_read.PendingGenerations()
         self._runs = PendingRuns(self.storage)
+        # A version's manifest never changes: decode its markers once per version, not once per read.
+        self._compacted_generations = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, tuple(self.shard_ids))
         self._writers: dict[str, ShardWriter] = {}
         # The base schema each writer was opened on: Lance binds a writer to it.
@@ -713,7 +716,7 @@ class LsmTable:
         only maintenance needs (see :func:`~resources.lsm.format.shard_state.load_shard_state`).
         """
         dataset = self.dataset() if dataset is None else dataset
-        compacted = read_compacted_generations(self.storage, dataset.version)
+        compacted = self._compacted_generations(dataset.version)
         wanted = None if shard_ids is None else set(shard_ids)
         return [
             load_shard_state(self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=for_read)

@@ -28,6 +28,7 @@ import lance
 import pyarrow as pa
 
 from ..maintenance.compaction import key_in_predicate
+from ..read.deletion_vector import fragment_ids
 
 if TYPE_CHECKING:
     from ..table import LsmTable
@@ -81,8 +82,7 @@ def verify_appended_keys(table: LsmTable, max_rows: int = DEFAULT_MAX_APPENDED_R
     """
     base = table.dataset()
     key = list(table.primary_key)
-    versions, files = _appended_files(base)
-    fragments = [f for f in base.get_fragments() if f.metadata.files and f.metadata.files[0].path in files]
+    versions, fragments = _appended_fragments(base)
     appended = sum(f.count_rows() for f in fragments)
     nullable = tuple(k for k in key if base.schema.field(k).nullable)
     if not fragments or appended > max_rows:
@@ -98,16 +98,44 @@ def verify_appended_keys(table: LsmTable, max_rows: int = DEFAULT_MAX_APPENDED_R
     return AppendedKeys(versions, keys.num_rows, 0, nullable, null_keys, duplicates.num_rows, sample)
 
 
-def _appended_files(base: lance.LanceDataset) -> tuple[int, set[str]]:
-    """Versions read back to the last merge, and the data files appended since it."""
-    files: set[str] = set()
-    versions = 0
-    for version in range(base.version, 0, -1):
-        versions += 1
-        transaction = base.read_transaction(version)
+def _appended_fragments(base: lance.LanceDataset) -> tuple[int, list[lance.LanceFragment]]:
+    """Versions read back to the last merge, and the fragments holding rows appended since it.
+
+    Walks forward from the last merge over each version's fragment ids: an
+    append's new fragments are tracked, and so are the fragments that replace
+    a tracked one (``compact_files`` rewriting appended rows), whatever the
+    commit's kind. pylance 14.0.2 cannot decode some transactions (a rewrite
+    that remaps indexes raises ``TypeError``); such a commit appends nothing,
+    so it is read as "not an append", and the fragment ids still follow it.
+    """
+    since_merge = _operations_since_merge(base)
+    tracked: set[int] = set()
+    before = fragment_ids(base.checkout_version(base.version - len(since_merge)))
+    for version, operation in zip(range(base.version - len(since_merge) + 1, base.version + 1), since_merge):
+        after = fragment_ids(base.checkout_version(version))
+        added = after - before
+        if isinstance(operation, lance.LanceOperation.Append) or (before - after) & tracked:
+            tracked |= added
+        tracked &= after
+        before = after
+    return len(since_merge) + 1, [f for f in base.get_fragments() if f.fragment_id in tracked]
+
+
+def _operations_since_merge(base: lance.LanceDataset) -> list[object | None]:
+    """The operations of the versions after the newest merge (or the table's creation), oldest first.
+
+    What came before that merge was guarded by it. ``None`` stands for a
+    version without a transaction, or one pylance 14.0.2 cannot decode (a
+    rewrite that remaps indexes raises ``TypeError``).
+    """
+    operations: list[object | None] = []
+    for version in range(base.version, 1, -1):
+        try:
+            transaction = base.read_transaction(version)
+        except TypeError:
+            transaction = None
         operation = transaction.operation if transaction else None
-        if isinstance(operation, lance.LanceOperation.Append):
-            files.update(f.files[0].path for f in operation.fragments if f.files)
-        elif isinstance(operation, (lance.LanceOperation.Update, lance.LanceOperation.Overwrite)):
-            break  # a merge (or the table's creation): what came before was guarded already
-    return versions, files
+        if isinstance(operation, (lance.LanceOperation.Update, lance.LanceOperation.Overwrite)):
+            break
+        operations.append(operation)
+    return operations[::-1]

@@ -37,3 +37,20 @@ def test_the_next_merge_ends_the_scope_and_large_appends_are_left_to_quality_job
     write_generation(table, [5000], "second")
     table.compact()
     assert verify_appended_keys(table).rows_checked == 0  # guarded by the merge before (a known limit)
+
+
+def test_appended_rows_rewritten_by_compact_files_are_still_checked(make_table):
+    table = make_table(EVENTS_SCHEMA)
+    write_generation(table, list(range(100)), "first")
+    table.compact()
+    appended = []
+    for start in (0, 50):  # two small fragments with two duplicate keys each, then rewritten into one
+        rows = table.dataset().to_table().slice(start, 2)
+        lance.write_dataset(rows, table.uri, mode="append")
+        appended += [(k,) for k in rows["id"].to_pylist()]
+    table.dataset().optimize.compact_files()  # remaps the key index: a transaction pylance cannot decode
+    table.dataset().optimize.optimize_indices()
+
+    found = verify_appended_keys(table)
+    assert found.rows_checked == 4
+    assert sorted(found.duplicate_sample) == sorted(appended)
