@@ -280,7 +280,8 @@ TERMINATE_RUN = """mutation($id: String!) { terminateRun(runId: $id) { __typenam
   ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
 RUN_EVENTS = """query($id: ID!) { runOrError(runId: $id) { ... on Run { eventConnection(limit: 5000) { events {
   __typename ... on MessageEvent { level message }
-  ... on ExecutionStepFailureEvent { stepKey error { message stack errorChain { error { message stack } } } } } } } } }"""
+  ... on ExecutionStepFailureEvent { stepKey error { message stack errorChain { error { message stack } } } }
+} } } } }"""
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
   locationOrLoadError { __typename ... on PythonError { message } } } } } }"""

@@ -166,6 +166,7 @@ class LsmTable:
         self._session = lance.Session()
         self._pending_cache = merged_read.PendingGenerations()
         self._runs = PendingRuns(self.storage)
+        self._read_base: lance.LanceDataset | None = None
         # A version's manifest never changes: decode its markers once per version, not once per read.
         self._compacted_generations = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
         self._router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, tuple(self.shard_ids))
@@ -279,6 +280,19 @@ class LsmTable:
         return self.storage.retrying(
             lambda: lance.dataset(self.uri, storage_options=self.storage_options, session=self._session), "open"
         )
+
+    def _dataset_to_read(self) -> lance.LanceDataset:
+        """The latest base version, for reads only: the object opened last while no commit came since.
+
+        Checking for a newer version costs a third of opening one, and the
+        reused object keeps Lance's per-dataset state warm. Never handed to a
+        commit (``merge_insert`` moves its dataset object to the new version).
+        """
+        cached = self._read_base
+        if cached is not None and self.storage.retrying(lambda: cached.latest_version, "open") == cached.version:
+            return cached
+        self._read_base = self.dataset()
+        return self._read_base
 
     # ------------------------------------------------------------------ writes
 
@@ -651,7 +665,7 @@ class LsmTable:
         filter = checked_filter(filter)
         # The base version is pinned first (see snapshot); its scan starts
         # while the pending levels above it are being pinned.
-        dataset = self.dataset()
+        dataset = self._dataset_to_read()
         return merged_read.scan(
             dataset,
             self.primary_key,
@@ -744,7 +758,7 @@ class LsmTable:
         ``fresh``) each shard's WAL tail: the input of the read path
         (:mod:`resources.lsm.read.merged_read`).
         """
-        dataset = self.dataset() if dataset is None else dataset
+        dataset = self._dataset_to_read() if dataset is None else dataset
         states = self.shard_states(dataset, shard_ids, for_read=True)
         tails = [
             read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, dataset.schema, self.primary_key)
@@ -774,6 +788,9 @@ class LsmTable:
         key_schema = pa.schema([self.schema.field(k) for k in self.primary_key])
         if isinstance(keys, (pa.Table, pa.RecordBatch)) or hasattr(keys, "columns"):
             return to_arrow(keys).select(self.primary_key).cast(key_schema)
+        keys = list(keys)
+        if len(self.primary_key) == 1 and not any(isinstance(k, (dict, tuple, list)) for k in keys):
+            return pa.Table.from_arrays([pa.array(keys, key_schema.field(0).type)], schema=key_schema)
         rows = [
             k
             if isinstance(k, dict)

@@ -186,7 +186,9 @@ def test_daemon_keeps_the_table_maintained_under_continuous_ingestion(soak: Soak
         drained = time.monotonic()
         gc_status = soak.dagster.status(gc_run)
         runs = _run_report(instance)
-        failed_runs = [r.dagster_run.run_id for r in instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))]
+        failed_runs = [
+            r.dagster_run.run_id for r in instance.get_run_records(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
+        ]
         ticks = {name: _runs_per_tick(instance, name) for name in ("flush_sensor", "merge_sensor")}
     table = LsmTable.open(soak.table_uri)
     _sample(soak, table, started)

@@ -8,6 +8,8 @@ into ``_tombstone`` rows.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -83,8 +85,9 @@ def live_rows(changes: pa.Table) -> pa.Table:
     return changes.filter(pc.invert(changes[TOMBSTONE_COLUMN])).drop_columns([TOMBSTONE_COLUMN])
 
 
+@lru_cache(maxsize=8)
 def empty_tail(schema: pa.Schema) -> pa.Table:
-    """An empty table of ``schema`` plus ``_tombstone``: the shape of a WAL tail."""
+    """An empty table of ``schema`` plus ``_tombstone``: the shape of a WAL tail (tables are immutable: shared)."""
     return schema.append(pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False)).empty_table()
 
 

@@ -109,9 +109,10 @@ def _appended_fragments(base: lance.LanceDataset) -> tuple[int, list[lance.Lance
     so it is read as "not an append", and the fragment ids still follow it.
     """
     since_merge = _operations_since_merge(base)
+    merge = base.version - len(since_merge)
     tracked: set[int] = set()
-    before = fragment_ids(base.checkout_version(base.version - len(since_merge)))
-    for version, operation in zip(range(base.version - len(since_merge) + 1, base.version + 1), since_merge):
+    before = fragment_ids(base.checkout_version(merge))
+    for version, operation in enumerate(since_merge, start=merge + 1):
         after = fragment_ids(base.checkout_version(version))
         added = after - before
         if isinstance(operation, lance.LanceOperation.Append) or (before - after) & tracked:

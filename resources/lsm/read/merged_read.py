@@ -405,21 +405,23 @@ def lookup(
     wanted = columns + [k for k in key if k not in columns]
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*wanted, TOMBSTONE_COLUMN]])
     in_tail = key_mask(keys, snapshot.tail, key)
-    answered = [key_join(snapshot.tail, keys, key, "left semi").select(shape.names)]
+    answered = [key_join(snapshot.tail, keys, key, "left semi").select(shape.names)] if in_tail.any() else []
     to_base = []
     shards = {s.bucket: s for s in snapshot.shards}
     for bucket in np.unique(buckets[~in_tail]):
         shard = shards[int(bucket)]
-        todo = keys.filter(pa.array((buckets == bucket) & ~in_tail))
+        todo = keys.filter(pa.array((buckets == bucket) & ~in_tail)) if len(keys) > 1 else keys
         run = _usable_run(snapshot, shard, wanted)
         for level in _levels_above_base(snapshot, shard, run, todo, shape, filters):
             found = key_join(level, todo, key, "left semi")
-            answered.append(found)
-            todo = key_join(todo, found, key, "left anti")
+            if found.num_rows:
+                answered.append(found)
+                todo = key_join(todo, found, key, "left anti")
         to_base.append(todo)
-    newest = live_rows(pa.concat_tables([t.cast(shape) for t in answered]))
-    base = _base_rows(snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
-    found = pa.concat_tables([base.cast(newest.schema), newest])
+    found = _base_rows(snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
+    if answered:
+        newest = live_rows(pa.concat_tables([t.cast(shape) for t in answered]))
+        found = pa.concat_tables([found.cast(newest.schema), newest])
     return _in_key_order(found, keys, key).select(columns)
 
 
@@ -444,9 +446,21 @@ def _levels_above_base(
 ) -> Iterator[pa.Table]:
     """The shard's pending changes that may answer ``keys``, newest level first (as ``shape``)."""
     newer = run.extra_generations(shard) if run else shard.pending_generations
-    yield _newest_in_generations(snapshot, shard.shard_id, newer, keys, shape, filters)
+    if newer:
+        yield _newest_in_generations(snapshot, shard.shard_id, newer, keys, shape, filters)
     if run is not None:
-        yield run.changes.select(shape.names).cast(shape)
+        yield _run_rows(run, keys, list(snapshot.primary_key), shape)
+
+
+def _run_rows(run: PendingRun, keys: pa.Table, key: list[str], shape: pa.Schema) -> pa.Table:
+    """The changes of ``keys`` in ``run`` (as ``shape``): a scan of its keys, or its key index once it has one."""
+    index = run.key_index(key)
+    if index is None:
+        rows = key_join(run.changes, keys, key, "left semi")
+    else:
+        found = (index.get(k) for k in zip(*(keys.column(c).to_pylist() for c in key), strict=True))
+        rows = run.changes.take(pa.array([row for row in found if row is not None], pa.int64()))
+    return rows.select(shape.names).cast(shape)
 
 
 def _newest_in_generations(
@@ -481,10 +495,14 @@ def _newest_in_generations(
 
 
 def _base_rows(dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str]) -> pa.Table:
-    """The base rows of ``keys``, projected to ``columns`` (which include the key)."""
+    """The base rows of ``keys``, projected to ``columns`` (which include the key), in no particular order."""
     if not keys.num_rows:
         return pa.schema([dataset.schema.field(c) for c in columns]).empty_table()
-    return key_join(dataset.to_table(columns=columns, filter=keys_filter(keys, key)), keys, key, "left semi")
+    # Naming every column costs Lance a projection plan; a single-column key's filter is exact.
+    found = dataset.to_table(
+        columns=None if columns == dataset.schema.names else columns, filter=keys_filter(keys, key)
+    )
+    return found if len(key) == 1 else key_join(found, keys, key, "left semi")
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:

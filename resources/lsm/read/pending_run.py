@@ -31,6 +31,7 @@ once the marker passes their first generation.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -38,7 +39,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import lance
@@ -57,6 +58,8 @@ RUNS_DIR = "_lsm_runs"
 MISSING_RUN_WARNING_SECONDS = 300.0
 """A run missing for a generation flushed longer ago than this is logged as a warning (maintenance is late)."""
 BASE_ROW_ADDRESS = "_base_rowaddr"
+SCANS_BEFORE_KEY_INDEX = 8
+"""Lookups a run answers by scanning its keys before it builds a hash index of them."""
 _GENERATIONS = b"lsm.generations"
 _MAGIC = b"LSMRUN1\n"
 """A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
@@ -77,11 +80,30 @@ class PendingRun:
     """``uint64`` address of each change's superseded base row (null: none), aligned with ``changes``.
 
     Ascending, nulls last, in a run built here."""
+    _key_index: dict[tuple[object, ...], int] | None = field(default=None, init=False, repr=False)
 
     @cached_property
     def superseded(self) -> DeletionVector:
         """The base rows the run's keys supersede."""
         return DeletionVector(self.base_rows.drop_null().to_numpy())
+
+    @cached_property
+    def _lookups_served(self) -> Iterator[int]:
+        return itertools.count()
+
+    def key_index(self, primary_key: list[str]) -> dict[tuple[object, ...], int] | None:
+        """Row of each key (as a tuple of values), once the run answered ``SCANS_BEFORE_KEY_INDEX`` lookups.
+
+        ``None`` before: a reader doing one lookup scans the run's keys, and a
+        reader serving many builds the index once (Python objects, about
+        100 bytes a key) and answers each lookup by hashing.
+        """
+        if next(self._lookups_served) < SCANS_BEFORE_KEY_INDEX:
+            return None
+        if self._key_index is None:
+            values = zip(*(self.changes.column(k).to_pylist() for k in primary_key), strict=True)
+            object.__setattr__(self, "_key_index", {key: row for row, key in enumerate(values)})
+        return self._key_index
 
     def extra_generations(self, shard: ShardState) -> Generations:
         """The shard's pending generations newer than the run (``shard``'s pending list must extend the run's)."""

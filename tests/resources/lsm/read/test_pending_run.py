@@ -71,6 +71,17 @@ def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_ba
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
 
 
+def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_scanning(tmp_path):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    expected = oracle_view(batches)
+    deleted = {k for (k,) in oracle_view(batches[:-1])} - {k for (k,) in expected}
+    probes = [k for (k,) in list(expected)[:40]] + sorted(deleted)[:10] + [999_999]
+    answers = [rows_by_key(table.lookup([k])) for k in probes]  # the first ones scan, the later ones hash
+    assert answers == [{(k,): expected[(k,)]} if (k,) in expected else {} for k in probes]
+    assert all(run.key_index(table.primary_key) is not None for run in table._runs._runs.values())
+    assert rows_by_key(table.lookup(probes)) == {(k,): expected[(k,)] for k in probes if (k,) in expected}
+
+
 def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path, caplog, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     drop_pending_runs(table)
