@@ -30,7 +30,6 @@ import statistics
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import lance
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.maintenance import median_seconds, paired_median_seconds  # noqa: E402
+from benchmarks.scale import p50_side_by_side  # noqa: E402
 from resources.lsm import LsmTable  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -102,9 +102,6 @@ def bench_kind(workdir: Path, kind: str, args) -> dict:
         base_scan = median_seconds(base.to_table, 1)
         return base_scan, median_seconds(reader.read, 1)
 
-    def p50(lookup: Callable[[tuple], object]) -> float:
-        return statistics.median(median_seconds(lambda k=k: lookup(k), 1) for k in probes)
-
     results, written = {}, 0
     for generations in (4, 16):
         add_generations(table, kind, generations - written, args, rng)
@@ -113,14 +110,17 @@ def bench_kind(workdir: Path, kind: str, args) -> dict:
         base_scan, warm = paired_median_seconds(base.to_table, table.read, args.repeat)
         pairs = [new_reader_pair() for _ in range(args.repeat)]
         base_scan_2, first = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+        lookup, lance_point = p50_side_by_side(
+            lambda k: table.lookup([k]), lambda k: base.to_table(filter=point_query(kind, k)), probes
+        )
         results[generations] = {
             "base_scan_s": base_scan,
             "warm_scan_s": warm,
             "warm_ratio": warm / base_scan,
             "new_reader_scan_s": first,
             "new_reader_ratio": first / base_scan_2,
-            "lookup_p50_s": p50(lambda k: table.lookup([k])),
-            "lance_point_query_p50_s": p50(lambda k: base.to_table(filter=point_query(kind, k))),
+            "lookup_p50_s": lookup,
+            "lance_point_query_p50_s": lance_point,
         }
         print(kind, generations, {k: round(v, 4) for k, v in results[generations].items()}, flush=True)
     table.close()

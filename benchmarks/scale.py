@@ -43,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import lance
 import numpy as np
@@ -65,6 +66,7 @@ CHUNK = 1 << 20
 STATUSES = np.array(["new", "paid", "shipped", "returned"])
 CUSTOMERS = np.char.add("c", np.arange(997).astype(str))
 KEYS = {"int64": ["id"], "string": ["sid"], "composite": ["region", "id"]}
+K = TypeVar("K")
 
 
 # ------------------------------------------------------------------ data
@@ -147,9 +149,18 @@ def drain(reader: pa.RecordBatchReader | Iterator[pa.RecordBatch]) -> int:
     return sum(batch.num_rows for batch in reader)
 
 
-def p50(work: Callable[[object], object], keys: list[object]) -> float:
-    work(keys[0])  # warm caches (index pages, generation filters) as a serving process has them
-    return statistics.median(seconds(lambda k=k: work(k)) for k in keys)
+def p50_side_by_side(ours: Callable[[K], object], theirs: Callable[[K], object], keys: list[K]) -> tuple[float, float]:
+    """p50 of ``ours(k)`` and of ``theirs(k)`` over ``keys``: both probe each key, which one first alternating.
+
+    A key's index pages are then as warm for one as for the other; one
+    warm-up call each first, as a serving process has its caches.
+    """
+    ours(keys[0]), theirs(keys[0])
+    times: tuple[list[float], list[float]] = ([], [])
+    for i, key in enumerate(keys[1:]):
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            times[side].append(seconds(lambda side=side, key=key: (ours, theirs)[side](key)))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def write_generations(table: LsmTable, kind: str, rows: int, count: int, rng: np.random.Generator) -> list[pa.Table]:
@@ -172,12 +183,12 @@ def scan_ratio(table: LsmTable, repeat: int) -> dict[str, float]:
 
 
 def lookups(table: LsmTable, rows: int, rng: np.random.Generator, probes: int) -> dict[str, float]:
-    """Point lookups (fresh) and Lance's indexed point query on the same base, p50 in ms."""
+    """Point lookups (fresh) and Lance's indexed point query on the same base, side by side, p50 in ms."""
     base = table.dataset()
     keys = [int(k) for k in rng.integers(0, rows, probes)]
     batch = [int(k) for k in rng.choice(rows, 1000, replace=False)]
     in_list = f"id IN ({', '.join(map(str, batch))})"
-    ours, lance_point = p50(lambda k: table.lookup([k]), keys), p50(lambda k: base.to_table(filter=f"id = {k}"), keys)
+    ours, lance_point = p50_side_by_side(lambda k: table.lookup([k]), lambda k: base.to_table(filter=f"id = {k}"), keys)
     ours_batch, lance_batch = paired(lambda: table.lookup(batch), lambda: base.to_table(filter=in_list), 3)
     return {
         "lookup_ms": ours * 1e3,
@@ -507,7 +518,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale", help="results path without suffix")
     parser.add_argument("--repeat", type=int, default=3, help="paired scans per size")
-    parser.add_argument("--probes", type=int, default=50, help="keys per lookup p50")
+    parser.add_argument("--probes", type=int, default=200, help="keys per lookup p50")
     return parser.parse_args(argv)
 
 

@@ -7,9 +7,10 @@ Levels, oldest to newest::
 Each shard's pending generations are usually resolved already: a stored
 *pending run* (:mod:`resources.lsm.read.pending_run`) holds the newest change
 per key over them and a deletion vector of the base rows those keys
-supersede. A full scan (:func:`scan`) streams the base batches while it pins
-the levels; each base batch then loses the rows the vectors list, by
-position, on the reader threads, and the pending upserts are added. Keys no
+supersede. A full scan (:func:`scan`) starts the base scan, then pins the
+levels; each base batch loses the rows the vectors list, by position, as the
+consumer takes it (Lance decodes the next batches meanwhile, on its own
+threads), and the pending upserts come last. Keys no
 trusted vector covers (generations newer than a run, a stale or missing run,
 the WAL tail) are dropped from the base by key instead. Generations read
 directly are kept between reads (:class:`PendingGenerations`): they never
@@ -28,14 +29,13 @@ the primary-key checks catch them.
 
 from __future__ import annotations
 
+import itertools
 import os
-import queue
 import tempfile
 import threading
-import weakref
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import lance
@@ -109,18 +109,21 @@ def scan(
     """Batches of the merged view matching ``filter`` (Lance SQL), projected to ``columns``.
 
     ``dataset`` is the pinned base version; ``pin_levels`` pins the levels
-    above it (a :class:`ReadSnapshot` of ``dataset``) and runs while the base
-    scan starts. The filter applies to each key's newest version only: a base
-    row is dropped whenever its key has a pending change, matching or not.
+    above it (a :class:`ReadSnapshot` of ``dataset``) and runs once the base
+    scan started. The filter applies to each key's newest version only: a
+    base row is dropped whenever its key has a pending change, matching or not.
 
     Memory is bounded by the pending levels (the change, resolved to one row
-    per key) plus a few base batches: the base streams through, its batches
-    filtered on the reader threads while the scan goes on, base rows first and
-    the pending upserts last. Closing (or dropping) the reader stops the scan.
+    per key) plus the batches Lance reads ahead: base batches stream through,
+    each filtered as the consumer takes it while Lance decodes the next ones
+    on its own threads, base rows first and the pending upserts last. Closing
+    (or dropping) the reader stops the scan.
     """
     key = list(primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    base = _BaseBatches(dataset, wanted, filter)
+    base = dataset.scanner(
+        columns=wanted, filter=filter, batch_size=_BASE_BATCH_ROWS, with_row_address=True
+    ).to_reader()
     try:
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
@@ -132,79 +135,10 @@ def scan(
     if filter:
         live = _filter_sql(live, filter)
     schema = pa.schema([dataset.schema.field(c) for c in columns])
-    older = base.without(BaseRowFilter([levels], key))
-    weakref.finalize(older, base.close)  # a reader dropped unread stops the scan too
+    superseded = BaseRowFilter([levels], key)
+    older = (superseded.drop_from(batch).select(columns) for batch in base)
     newest = live.select(columns).cast(schema).to_batches()
-    return pa.RecordBatchReader.from_batches(schema, _chain((b.select(columns) for b in older), newest))
-
-
-def _chain(*parts: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    for part in parts:
-        yield from (batch for batch in part if batch.num_rows)
-
-
-class _BaseBatches:
-    """The base scan, started on a reader thread at once and drained by :meth:`without`.
-
-    At most ``_IN_FLIGHT`` batches are read ahead of the consumer, so a slow
-    consumer holds the scan back instead of buffering the table. The scan runs
-    on a thread of its own: a pool thread blocked on a slow consumer could
-    starve the filtering that consumer waits for.
-    """
-
-    _END = object()
-    _IN_FLIGHT = 2 * _READERS
-
-    def __init__(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
-        # Record batches, then ``_END`` or the exception that stopped the scan.
-        self._batches: queue.Queue[pa.RecordBatch | BaseException | object] = queue.Queue(self._IN_FLIGHT)
-        self._closed = threading.Event()
-        threading.Thread(target=self._pump, args=(dataset, columns, filter), name="lsm-base-scan", daemon=True).start()
-
-    def _pump(self, dataset: lance.LanceDataset, columns: list[str], filter: str | None) -> None:
-        try:
-            batches = dataset.to_batches(
-                columns=columns, filter=filter, batch_size=_BASE_BATCH_ROWS, with_row_address=True
-            )
-            for batch in batches:
-                if not self._put(batch):
-                    return
-            self._put(self._END)
-        except BaseException as exc:  # handed to the reading thread, which raises it
-            self._put(exc)
-
-    def _put(self, item: pa.RecordBatch | BaseException | object) -> bool:
-        """Queue ``item`` once there is room; ``False`` if the reader was closed meanwhile."""
-        while not self._closed.is_set():
-            try:
-                self._batches.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def close(self) -> None:
-        """Stop the scan (the pump thread returns at its next batch)."""
-        self._closed.set()
-
-    def without(self, superseded: BaseRowFilter) -> Iterator[pa.RecordBatch]:
-        """Every base row ``superseded`` keeps, in scan order, without the row address.
-
-        Batches are filtered on the reader threads while the scan goes on
-        (numpy and Arrow kernels release the GIL), ``_IN_FLIGHT`` at a time.
-        """
-        pending: deque[Future[pa.Table]] = deque()
-        try:
-            while (item := self._batches.get()) is not self._END:
-                if isinstance(item, BaseException):
-                    raise item
-                pending.append(_readers().submit(superseded.drop_from, item))
-                if len(pending) >= self._IN_FLIGHT:
-                    yield from pending.popleft().result().to_batches()
-            while pending:
-                yield from pending.popleft().result().to_batches()
-        finally:
-            self.close()
+    return pa.RecordBatchReader.from_batches(schema, (b for b in itertools.chain(older, newest) if b.num_rows))
 
 
 class BaseRowFilter:
@@ -215,7 +149,7 @@ class BaseRowFilter:
         joined = [level.joined_keys for level in levels]
         self._keys = _KeyFilter(pa.concat_tables(joined).combine_chunks() if len(joined) > 1 else joined[0], key)
 
-    def drop_from(self, batch: pa.RecordBatch) -> pa.Table:
+    def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch``'s surviving rows, in order, without ``_rowaddr``."""
         keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
         batch = batch.drop_columns([ROW_ADDRESS])
@@ -244,19 +178,20 @@ class _KeyFilter:
                 self._bitmap = np.zeros(high - self._low + 1, dtype=bool)
                 self._bitmap[values.to_numpy() - self._low] = True
 
-    def drop_from(self, batch: pa.RecordBatch) -> pa.Table:
+    def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch``'s rows whose key is not in the set, in order."""
         if not self._keys.num_rows:
-            return pa.Table.from_batches([batch])
+            return batch
         column = batch.column(self._key[0])
         if self._bitmap is None or column.null_count:
-            return key_join(pa.Table.from_batches([batch]), self._keys, self._key, "left anti")
-        values = column.to_numpy()
-        offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
-        in_range = (values >= self._low) & (offsets >= 0) & (offsets < len(self._bitmap))
-        found = np.zeros(len(values), dtype=bool)
-        found[in_range] = self._bitmap[offsets[in_range]]
-        return pa.Table.from_batches([batch.filter(pa.array(~found))])
+            found = key_mask(pa.Table.from_batches([batch]), self._keys, self._key)
+        else:
+            values = column.to_numpy()
+            offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
+            in_range = (values >= self._low) & (offsets >= 0) & (offsets < len(self._bitmap))
+            found = np.zeros(len(values), dtype=bool)
+            found[in_range] = self._bitmap[offsets[in_range]]
+        return batch.filter(pa.array(~found)) if found.any() else batch
 
 
 @dataclass(frozen=True)

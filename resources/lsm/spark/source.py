@@ -225,7 +225,7 @@ class LsmReader(DataSourceReader):
             for batch in scanner.to_batches():
                 base = superseded.drop_from(batch)
                 if base.num_rows:
-                    yield from self._output(base)
+                    yield from self._output(pa.Table.from_batches([base]))
         live = live_rows(levels[partition.index].changes)
         yield from self._output(live.filter(where) if where is not None else live)
 
