@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--gen-rows", type=int, default=None, help="upserts per flush (default rows/100)")
     parser.add_argument("--repeat", type=int, default=15, help="alternating base/merged scan pairs")
-    parser.add_argument("--lookups", type=int, default=50)
+    parser.add_argument("--lookups", type=int, default=200)
     parser.add_argument("--flushes", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="small smoke run; results not written")
     args = parser.parse_args()

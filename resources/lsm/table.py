@@ -139,6 +139,33 @@ class WriteResult(ShardTotals):
         return self.upserts + self.deletes
 
 
+_session: lance.Session | None = None
+_session_lock = threading.Lock()
+
+
+def shared_session() -> lance.Session:
+    """The process's Lance session, shared by every table object opened in it.
+
+    Its caches hold immutable things (file metadata, index pages, keyed by
+    file, index UUID and version), so tables opened anew, as every Dagster
+    step does, start warm: a base lookup through a warm index cache takes
+    half the time of one through a cold one. A forked child starts a new one.
+    """
+    global _session
+    with _session_lock:
+        if _session is None:
+            _session = lance.Session()
+        return _session
+
+
+def _forget_session() -> None:
+    global _session, _session_lock
+    _session, _session_lock = None, threading.Lock()  # the parent's lock may have been held at the fork
+
+
+os.register_at_fork(after_in_child=_forget_session)
+
+
 class LsmTable:
     """A primary-keyed Lance table written through MemWAL shard writers.
 
@@ -161,9 +188,7 @@ class LsmTable:
         """The columns this object writes and reads by default (as opened; :meth:`add_columns` updates it)."""
         self.writer_config: dict[str, Any] = dict(details.get("writer_config_defaults") or {})
         self.storage = TableStorage(uri, storage_options)
-        # Caches of one Lance session: a base lookup through a warm index cache
-        # takes half the time of one through a cold one.
-        self._session = lance.Session()
+        self._session = shared_session()
         self._pending_cache = merged_read.PendingGenerations()
         self._runs = PendingRuns(self.storage)
         self._read_base: lance.LanceDataset | None = None
@@ -196,7 +221,7 @@ class LsmTable:
         """Create an empty LSM table.
 
         Declares ``primary_key`` in the schema, creates the base table (plus a
-        BTREE index on a single-column key), and initializes MemWAL with
+        BTREE index on each key column), and initializes MemWAL with
         Lance's bucket sharding over ``bucket_column`` (default: the first key
         column, so all versions of a key share a shard). ``writer_config``
         (``max_wal_flush_interval_ms``, ``max_memtable_rows``, ...) is recorded
@@ -230,8 +255,7 @@ class LsmTable:
         uri = _absolute(uri)
         _refuse_foreign_folder(uri, storage_options)
         dataset = lance.write_dataset(keyed.empty_table(), uri, storage_options=storage_options)
-        if len(primary_key) == 1:
-            dataset.create_scalar_index(primary_key[0], "BTREE")
+        compaction.index_key_columns(dataset)
         search_config = vector_search.create_search_indexes(dataset, vector_index, fts_column)
         dataset.initialize_mem_wal(
             bucket_column=bucket_column, num_buckets=num_shards, **{**DEFAULT_WRITER_CONFIG, **writer_config}
@@ -273,9 +297,10 @@ class LsmTable:
     def dataset(self) -> lance.LanceDataset:
         """The base table at its latest version (as committed by any process when called).
 
-        Every call opens the latest version anew; opens share this object's
-        Lance session, so indexes and file metadata already read (immutable:
-        keyed by index UUID and version) are not read again.
+        Every call opens the latest version anew; opens share the process's
+        Lance session (:func:`shared_session`), so indexes and file metadata
+        already read (immutable: keyed by index UUID and version) are not read
+        again, by this object or by another one opened later.
         """
         return self.storage.retrying(
             lambda: lance.dataset(self.uri, storage_options=self.storage_options, session=self._session), "open"

@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
 from ..format.compaction_marker import read_compacted_generations
-from ..format.schema import TOMBSTONE_COLUMN, empty_tail
+from ..format.schema import TOMBSTONE_COLUMN, empty_tail, primary_key_of
 from ..format.shard_state import ShardState
 from ..read.dedup import keep_last_per_key
 from ..read.filter_text import in_list, sql_literal
@@ -414,6 +414,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
     catch-up record, so indexes are always optimized after it.
     """
     try:
+        index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
             files = dataset.optimize.compact_files()
@@ -432,6 +433,22 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         skipped_by_conflict=False,
         base_version=dataset.latest_version,  # the dataset's own store: no storage options lost
     )
+
+
+def index_key_columns(dataset: lance.LanceDataset) -> list[str]:
+    """Create a BTREE index on every primary-key column that has none; the columns indexed.
+
+    Point lookups, the deletion vectors' base probes and the merge guards
+    query the key with ``IN`` lists. Lance answers those through a BTREE per
+    column, and combines them for a composite key (300k rows, two-column key:
+    1.6 ms with both columns indexed vs 8.4 ms scanning). Tables created
+    before composite keys were indexed gain their indexes here.
+    """
+    indexed = {name for d in dataset.describe_indices() for name in d.field_names if len(d.field_names) == 1}
+    missing = [column for column in primary_key_of(dataset.schema) if column not in indexed]
+    for column in missing:
+        dataset.create_scalar_index(column, "BTREE")
+    return missing
 
 
 def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> bool:

@@ -109,7 +109,7 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     """The address of each key's base row, aligned with ``keys``; null where the base lacks the key.
 
     The base holds each key at most once. Few keys against a large base are
-    found with one ``IN`` query, which a single-column key's BTREE serves
+    found with one ``IN`` query, which the key columns' BTREEs serve
     (the cost follows the number of keys); otherwise the base's key columns
     are scanned, which is cheaper per key, and joined.
     """

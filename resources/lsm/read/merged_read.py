@@ -333,8 +333,8 @@ def lookup(
     Each key is answered by the newest level that holds it: the WAL tail,
     then its shard's generations newer than the shard's run (only those that
     ``filters`` says may hold it), the run, and the base, where all remaining
-    keys are read in one query (a single-column key through Lance's BTREE:
-    the cost of Lance's own point lookup).
+    keys are read in one query (through the BTREE on each key column: the
+    cost of Lance's own point lookup).
     """
     key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]

@@ -164,6 +164,28 @@ def test_composite_keys_with_awkward_strings_are_deleted_exactly(make_table):
     assert result.rows_deleted == len(doomed) - 1
 
 
+def test_every_key_column_is_indexed_and_older_tables_gain_their_key_indexes_at_the_next_merge(make_table):
+    schema = pa.schema([("region", pa.string()), ("id", pa.int32()), ("name", pa.string())])
+    table = make_table(schema, primary_key=("region", "id"), num_shards=2)
+    assert key_indexes(table) == {"region", "id"}
+
+    for index in table.dataset().describe_indices():  # a table from before composite keys were indexed
+        if index.field_names:
+            table.dataset().drop_index(index.name)
+    assert key_indexes(table) == set()
+    table.write(pa.table({"region": ["eu", "us"], "id": pa.array([1, 2], pa.int32()), "name": ["a", "b"]}))
+    table.close()
+    table.compact()
+    assert key_indexes(table) == {"region", "id"}
+    plan = table.dataset().scanner(filter="region = 'eu' AND id = 1").explain_plan()
+    assert "ScalarIndexQuery" in plan, plan
+    assert rows_by_key(table.lookup([("eu", 1)]), ("region", "id")) == {("eu", 1): {"region": "eu", "id": 1, "name": "a"}}
+
+
+def key_indexes(table: LsmTable) -> set[str]:
+    return {name for index in table.dataset().describe_indices() for name in index.field_names}
+
+
 def test_concurrent_compactions_of_a_shard_commit_once(tmp_path, monkeypatch):
     table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=1)
     both_planned = threading.Barrier(2, timeout=30)
