@@ -179,7 +179,9 @@ def test_every_key_column_is_indexed_and_older_tables_gain_their_key_indexes_at_
     assert key_indexes(table) == {"region", "id"}
     plan = table.dataset().scanner(filter="region = 'eu' AND id = 1").explain_plan()
     assert "ScalarIndexQuery" in plan, plan
-    assert rows_by_key(table.lookup([("eu", 1)]), ("region", "id")) == {("eu", 1): {"region": "eu", "id": 1, "name": "a"}}
+    assert rows_by_key(table.lookup([("eu", 1)]), ("region", "id")) == {
+        ("eu", 1): {"region": "eu", "id": 1, "name": "a"}
+    }
 
 
 def key_indexes(table: LsmTable) -> set[str]:
