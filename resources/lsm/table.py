@@ -47,7 +47,7 @@ from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from .read import merged_read, vector_search
 from .read.deletion_vector import fragment_ids
 from .read.filter_text import checked_filter
-from .read.pending_run import PendingRuns, build_run, run_path, store_run
+from .read.pending_run import PendingRun, PendingRuns, build_runs, run_path, store_run
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
 from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
@@ -593,35 +593,43 @@ class LsmTable:
             return {}
         dataset = self.dataset()
         present = fragment_ids(dataset)
+        states = [s for s in self.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
 
-        def build(state: ShardState) -> int | None:
-            """Changes stored for the shard, ``None`` if its run was current."""
-            previous = self._runs.find(state, quiet=True)
-            if previous is not None and previous.generations == state.pending_generations:
-                stored = self.storage.exists(run_path(state.shard_id, previous.generations))
-                if stored and previous.superseded.holds_in(present):
-                    return None
-                self._runs.forget(previous)
-            run = build_run(
+        def stored_run(state: ShardState) -> tuple[PendingRun | None, bool]:
+            """The shard's stored run over a prefix of its pending generations, and whether it is current."""
+            run = self._runs.find(state, quiet=True)
+            if run is None or run.generations != state.pending_generations:
+                return run, False
+            if self.storage.exists(run_path(state.shard_id, run.generations)) and run.superseded.holds_in(present):
+                return run, True
+            self._runs.forget(run)
+            return run, False
+
+        found = self._for_each_shard(stored_run, states)
+        previous = {state.shard_id: run for state, (run, _) in zip(states, found, strict=True)}
+        stale = [state for state, (_, current) in zip(states, found, strict=True) if not current]
+        runs = self.storage.retrying(
+            lambda: build_runs(
                 dataset,
-                state,
+                stale,
                 self.primary_key,
                 previous,
                 fragments=present,
                 storage_options=self.storage_options,
                 session=self._session,
+                map=self._for_each_shard,
+            ),
+            "build the pending runs",
+        )
+
+        def store(run: PendingRun) -> None:
+            self.storage.retrying(
+                lambda: store_run(self.storage, run), f"store the pending run of shard {run.shard_id}"
             )
-            store_run(self.storage, run)
             self._runs.remember(run)
-            rows: int = run.changes.num_rows
-            return rows
 
-        def build_retrying(state: ShardState) -> int | None:
-            return self.storage.retrying(lambda: build(state), f"build the pending run of shard {state.shard_id}")
-
-        states = [s for s in self.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
-        built = dict(zip((s.shard_id for s in states), self._for_each_shard(build_retrying, states), strict=True))
-        return {shard_id: rows for shard_id, rows in built.items() if rows is not None}
+        self._for_each_shard(store, runs)
+        return {run.shard_id: run.changes.num_rows for run in runs}
 
     def gc(
         self,

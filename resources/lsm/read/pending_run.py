@@ -13,8 +13,12 @@ It covers the first ``n`` generations above the shard's compacted marker
 directories; a magic and a CRC-32 precede the Arrow data, as IPC files carry
 no checksum) and holds the newest change of every key in them (the table's
 columns plus ``_tombstone``) and ``_base_rowaddr``: the address of the base
-row each key supersedes, null if the base lacks the key. Those addresses are
-the run's deletion vector (:mod:`resources.lsm.read.deletion_vector`).
+row each key supersedes, ``NOT_IN_BASE`` if the base lacks the key (null in
+runs of older versions: not looked up). Those addresses are the run's
+deletion vector (:mod:`resources.lsm.read.deletion_vector`). A key's base
+row cannot change while its run is in use (only a merge of the shard's
+generations, which retires the run, or a rewrite, which the vector check
+catches, moves it), so an extended run keeps what the previous one found.
 
 A run is an optional shortcut, never the truth. A reader uses one only if its
 generations are exactly a prefix of the shard's pending generations (a merge
@@ -38,18 +42,19 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..format.schema import conform, empty_tail
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
-from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
+from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,8 @@ RUNS_DIR = "_lsm_runs"
 MISSING_RUN_WARNING_SECONDS = 300.0
 """A run missing for a generation flushed longer ago than this is logged as a warning (maintenance is late)."""
 BASE_ROW_ADDRESS = "_base_rowaddr"
+NOT_IN_BASE = np.uint64(2**64 - 1)
+"""``_base_rowaddr`` of a key the base lacks (looked up, not found): no row can have this address."""
 SCANS_BEFORE_KEY_INDEX = 8
 """Lookups a run answers by scanning its keys before it builds a hash index of them."""
 _GENERATIONS = b"lsm.generations"
@@ -77,15 +84,17 @@ class PendingRun:
     changes: pa.Table
     """One row per key: the table's columns and ``_tombstone``."""
     base_rows: pa.Array
-    """``uint64`` address of each change's superseded base row (null: none), aligned with ``changes``.
+    """``uint64`` address of each change's superseded base row, aligned with ``changes``.
 
-    Ascending, nulls last, in a run built here."""
+    ``NOT_IN_BASE`` for a key the base lacks; null for one not looked up
+    (runs of older versions). Ascending in a run built here."""
     _key_index: dict[tuple[object, ...], int] | None = field(default=None, init=False, repr=False)
 
     @cached_property
     def superseded(self) -> DeletionVector:
         """The base rows the run's keys supersede."""
-        return DeletionVector(self.base_rows.drop_null().to_numpy())
+        addresses = self.base_rows.drop_null().to_numpy()
+        return DeletionVector(addresses[addresses != NOT_IN_BASE])
 
     @cached_property
     def _lookups_served(self) -> Iterator[int]:
@@ -124,57 +133,103 @@ def covered_generations(name: str) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def build_run(
+def build_runs(
     dataset: lance.LanceDataset,
-    shard: ShardState,
+    shards: Sequence[ShardState],
     primary_key: list[str],
-    previous: PendingRun | None = None,
+    previous: Mapping[str, PendingRun | None],
     *,
     fragments: set[int] | None = None,
     storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
-) -> PendingRun:
-    """Resolve ``shard``'s pending generations (above its marker in ``dataset``) into a run.
+    map: Callable[..., Iterable[pa.Table]] = map,
+) -> list[PendingRun]:
+    """Resolve each shard's pending generations (above its marker in ``dataset``) into a run.
 
-    ``shard`` must be pinned above ``dataset`` (``LsmTable.shard_states``);
+    ``shards`` must be pinned above ``dataset`` (``LsmTable.shard_states``);
     ``fragments`` are ``dataset``'s fragment ids, if the caller has them.
-    ``previous``, a run over a prefix of them, is extended rather than
-    rebuilt: only newer generations are read, and only keys without a known
-    base row are looked up (:func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
+    ``previous[shard_id]``, a run over a prefix of that shard's pending
+    generations, is extended rather than rebuilt: only newer generations are
+    read, and only keys without a known base row are looked up. The base rows
+    of every shard's new keys are found with one probe of the base (a BTREE
+    ``IN`` query or one scan of the key columns, whichever costs less for
+    their number: :func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
+    ``map`` applies the per-shard reads (pass a thread pool's).
+    """
+    present = fragment_ids(dataset) if fragments is None else fragments
+
+    def resolve(shard: ShardState) -> pa.Table:
+        return _resolve_changes(
+            dataset, shard, primary_key, previous.get(shard.shard_id), present, storage_options, session
+        )
+
+    resolved = list(map(resolve, shards))
+    addresses = _fill_base_rows(dataset, resolved, primary_key)
+    runs = []
+    for shard, changes, base_rows in zip(shards, resolved, addresses, strict=True):
+        # The vector ascending: readers need not sort.
+        order = pc.array_sort_indices(base_rows, null_placement="at_end")
+        changes = changes.drop_columns([BASE_ROW_ADDRESS]).take(order)
+        runs.append(PendingRun(shard.shard_id, shard.pending_generations, changes, base_rows.take(order)))
+    return runs
+
+
+def _resolve_changes(
+    dataset: lance.LanceDataset,
+    shard: ShardState,
+    primary_key: list[str],
+    previous: PendingRun | None,
+    fragments: set[int],
+    storage_options: dict[str, str] | None,
+    session: lance.Session | None,
+) -> pa.Table:
+    """The newest change per key over the shard's pending generations, with ``_base_rowaddr`` where known.
+
+    Known: from ``previous`` (whose newest change of a key may be superseded
+    by a newer generation; its base row is the same), unless a rewrite of the
+    base made its vector stale.
     """
     shape = empty_tail(dataset.schema).schema.append(pa.field(BASE_ROW_ADDRESS, pa.uint64()))
     columns = pa.schema(list(shape)[:-1])
     levels, todo = [], shard.pending_generations
+    known = None
+    if previous is not None and previous.superseded.holds_in(fragments):
+        known = previous.changes.select(primary_key).append_column(BASE_ROW_ADDRESS, previous.base_rows)
     if previous is not None:
-        known = previous.base_rows
-        if not previous.superseded.holds_in(fragment_ids(dataset) if fragments is None else fragments):
-            known = pa.nulls(len(known), pa.uint64())
-        levels.append(conform(previous.changes, columns).append_column(BASE_ROW_ADDRESS, known))
+        levels.append(conform(previous.changes, columns))
         todo = previous.extra_generations(shard)
     generations = [(shard.shard_id, d) for _, d in todo]
-    rows = read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
-    levels += [r.append_column(BASE_ROW_ADDRESS, pa.nulls(r.num_rows, pa.uint64())) for r in rows]
-    resolved = newest_per_key(levels, shape, primary_key).combine_chunks()
-    resolved = resolved.set_column(len(shape) - 1, BASE_ROW_ADDRESS, _fill_base_rows(dataset, resolved, primary_key))
-    resolved = resolved.sort_by(BASE_ROW_ADDRESS)  # the vector ascending (nulls last): readers need not sort
-    changes = resolved.drop_columns([BASE_ROW_ADDRESS])
-    return PendingRun(
-        shard.shard_id, shard.pending_generations, changes, resolved.column(BASE_ROW_ADDRESS).combine_chunks()
-    )
+    levels += read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
+    resolved = newest_per_key(levels, columns, primary_key).combine_chunks()
+    return resolved.append_column(BASE_ROW_ADDRESS, _known_base_rows(resolved, known, primary_key))
 
 
-def _fill_base_rows(dataset: lance.LanceDataset, resolved: pa.Table, primary_key: list[str]) -> pa.Array:
-    """``resolved``'s ``_base_rowaddr``, with the missing addresses looked up in the base."""
-    known = resolved.column(BASE_ROW_ADDRESS).combine_chunks()
-    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
-    if not len(missing):
-        return known
-    found = base_row_addresses(dataset, resolved.select(primary_key).take(missing), primary_key)
-    addresses = known.fill_null(0).to_numpy().copy()
-    present = known.is_valid().to_numpy(zero_copy_only=False).copy()
-    addresses[missing] = found.fill_null(0).to_numpy()
-    present[missing] = found.is_valid().to_numpy(zero_copy_only=False)
-    return pa.array(addresses, pa.uint64(), mask=~present)
+def _known_base_rows(resolved: pa.Table, known: pa.Table | None, primary_key: list[str]) -> pa.Array:
+    """The base row of each of ``resolved``'s keys that ``known`` (key columns + ``_base_rowaddr``) holds."""
+    if known is None or not resolved.num_rows:
+        return pa.nulls(resolved.num_rows, pa.uint64())
+    return addresses_by_key(resolved, known.drop_null(), primary_key, BASE_ROW_ADDRESS)
+
+
+def _fill_base_rows(dataset: lance.LanceDataset, resolved: list[pa.Table], primary_key: list[str]) -> list[pa.Array]:
+    """Each table's ``_base_rowaddr``, the missing ones looked up in the base in one probe for all shards."""
+    known = [table.column(BASE_ROW_ADDRESS).combine_chunks() for table in resolved]
+    missing = [np.flatnonzero(k.is_null().to_numpy(zero_copy_only=False)) for k in known]
+    keys = [table.select(primary_key).take(rows) for table, rows in zip(resolved, missing, strict=True)]
+    found = base_row_addresses(dataset, pa.concat_tables(keys), primary_key) if keys else None
+    filled, start = [], 0
+    for rows, addresses in zip(missing, known, strict=True):
+        if found is None or not len(rows):
+            filled.append(addresses)
+            continue
+        looked_up = found.slice(start, len(rows))
+        start += len(rows)
+        values = addresses.fill_null(0).to_numpy().copy()
+        present = addresses.is_valid().to_numpy(zero_copy_only=False).copy()
+        values[rows] = looked_up.fill_null(NOT_IN_BASE).to_numpy()
+        present[rows] = True
+        filled.append(pa.array(values, pa.uint64(), mask=~present))
+    return filled
 
 
 def store_run(storage: TableStorage, run: PendingRun) -> str:

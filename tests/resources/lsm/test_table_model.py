@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
-from resources.lsm.read.pending_run import PendingRuns
+from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns
 from tests.helpers import rows_by_key
 
 STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -153,7 +153,7 @@ class LsmTableMachine(RuleBasedStateMachine):
             if run is None or not run.superseded.holds_in(fragments):
                 continue  # none stored, or stale: readers join keys
             keys = [tuple(r[k] for k in self.primary_key) for r in run.changes.to_pylist()]
-            assert run.base_rows.to_pylist() == [address.get(k) for k in keys]
+            assert run.base_rows.to_pylist() == [address.get(k, NOT_IN_BASE) for k in keys]
 
     @invariant()
     def lookups_match_oracle(self) -> None:

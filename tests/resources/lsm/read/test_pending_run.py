@@ -15,7 +15,7 @@ import pyarrow as pa
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.read import pending_run
-from resources.lsm.read.pending_run import RUNS_DIR, PendingRuns, run_path
+from resources.lsm.read.pending_run import NOT_IN_BASE, RUNS_DIR, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
@@ -66,8 +66,8 @@ def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_ba
         assert run is not None and run.generations == shard.pending_generations
         keys = run.changes["id"].to_pylist()
         assert len(set(keys)) == len(keys)
-        assert run.base_rows.to_pylist() == [address.get(k) for k in keys]
-        assert run.base_rows.null_count < len(keys)  # most changes supersede a base row
+        assert run.base_rows.to_pylist() == [address.get(k, NOT_IN_BASE) for k in keys]
+        assert 0 < len(run.superseded.addresses) < len(keys)  # most changes supersede a base row, not all
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
 
 
@@ -130,6 +130,37 @@ def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
         run = PendingRuns(reader.storage).find(shard)
         assert run is not None and run.extra_generations(shard) == shard.pending_generations[-1:]
     assert_reads_and_lookups(reader, batches + newest)
+
+
+def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, monkeypatch):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    in_runs = [k for shard in table.shards() for k in PendingRuns(table.storage).find(shard).changes["id"].to_pylist()]
+    looked_up: list[int] = []
+    probe = pending_run.base_row_addresses
+
+    def counting(dataset, keys, primary_key):
+        looked_up.extend(keys["id"].to_pylist())
+        return probe(dataset, keys, primary_key)
+
+    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    keys = sorted(in_runs)[:300] + list(range(900_000, 900_050))  # keys the runs hold (in the base or not), new ones
+    newest = pa.table(
+        {
+            "id": pa.array(keys, pa.int64()),
+            "customer": ["c"] * len(keys),
+            "amount": [1.0] * len(keys),
+            "status": ["paid"] * len(keys),
+            "_op": ["upsert"] * len(keys),
+            "_seq": pa.array(range(len(keys)), pa.int64()),
+        },
+        schema=batches[0].schema,
+    )
+    table.write(newest)
+    table.flush()
+    table.build_pending_runs()
+
+    assert sorted(looked_up) == keys[300:]  # one probe, for the keys never looked up before
+    assert_reads_and_lookups(LsmTable.open(table.uri), [*batches, newest])
 
 
 def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_path):
