@@ -605,7 +605,9 @@ class LsmTable:
             self._runs.forget(run)
             return run, False
 
-        found = self._for_each_shard(stored_run, states)
+        # Run files and generations are read and written on the level readers' threads (none waits on them).
+        pool = merged_read.level_readers()
+        found = list(pool.map(stored_run, states))
         previous = {state.shard_id: run for state, (run, _) in zip(states, found, strict=True)}
         stale = [state for state, (_, current) in zip(states, found, strict=True) if not current]
         runs = self.storage.retrying(
@@ -617,7 +619,7 @@ class LsmTable:
                 fragments=present,
                 storage_options=self.storage_options,
                 session=self._session,
-                map=self._for_each_shard,
+                map=pool.map,
             ),
             "build the pending runs",
         )
@@ -628,7 +630,7 @@ class LsmTable:
             )
             self._runs.remember(run)
 
-        self._for_each_shard(store, runs)
+        list(pool.map(store, runs))
         return {run.shard_id: run.changes.num_rows for run in runs}
 
     def gc(

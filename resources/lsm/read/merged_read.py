@@ -49,6 +49,7 @@ from ..format.shard_state import ShardState
 from .deletion_vector import ROW_ADDRESS, DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
+from .key_sets import key_join, key_mask
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
@@ -293,7 +294,7 @@ class PendingGenerations:
             shape,
             storage_options=snapshot.storage_options,
             session=snapshot.session,
-            map=_readers().map,
+            map=level_readers().map,
         )
         resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
         if resolved.nbytes > self._max_bytes:
@@ -307,8 +308,11 @@ class PendingGenerations:
         return resolved
 
 
-def _readers() -> ThreadPoolExecutor:
-    """The process's level-reading threads, started on first use (starting threads per read costs ms)."""
+def level_readers() -> ThreadPoolExecutor:
+    """The process's threads for reading levels, started on first use (starting threads per read costs ms).
+
+    Their tasks never wait on this pool themselves (that could deadlock it).
+    """
     global _reader_pool
     if _reader_pool is None:
         _reader_pool = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="lsm-level-read")
@@ -438,40 +442,6 @@ def _base_rows(dataset: lance.LanceDataset, keys: pa.Table, key: list[str], colu
         columns=None if columns == dataset.schema.names else columns, filter=keys_filter(keys, key)
     )
     return found if len(key) == 1 else key_join(found, keys, key, "left semi")
-
-
-def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
-    """Rows of ``left`` whose key is (``"left semi"``) or is not (``"left anti"``) in ``right``.
-
-    Keeps ``left``'s row order.
-    """
-    if left.num_rows == 0 or right.num_rows == 0:
-        return left if join_type == "left anti" else left.slice(0, 0)
-    in_right = _key_membership(left, right, key)
-    return left.filter(in_right if join_type == "left semi" else pc.invert(in_right))
-
-
-def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
-    """For each row of ``left``, whether its key occurs in ``right`` (a boolean array)."""
-    if not (left.num_rows and right.num_rows):
-        return np.zeros(left.num_rows, dtype=bool)
-    mask: np.ndarray = _key_membership(left, right, key).to_numpy(zero_copy_only=False)
-    return mask
-
-
-def _key_membership(left: pa.Table, right: pa.Table, key: list[str]) -> pa.ChunkedArray | pa.Array:
-    """For each row of ``left``, whether its key occurs in ``right``; both non-empty.
-
-    A single-column key is a hash-set membership test; a composite key goes
-    through Acero's join, on the key columns only (the join refuses payload
-    columns such as fixed-size-list vectors).
-    """
-    if len(key) == 1:
-        return pc.is_in(left[key[0]], value_set=right[key[0]].combine_chunks())
-    mask = np.zeros(left.num_rows, dtype=bool)
-    numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
-    mask[numbered.join(right.select(key), keys=key, join_type="left semi", use_threads=False)[_ROW].to_numpy()] = True
-    return pa.array(mask)
 
 
 def _filter_sql(table: pa.Table, filter: str) -> pa.Table:

@@ -56,6 +56,7 @@ from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
+from .key_sets import key_mask
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ NOT_IN_BASE = np.uint64(2**64 - 1)
 SCANS_BEFORE_KEY_INDEX = 8
 """Lookups a run answers by scanning its keys before it builds a hash index of them."""
 _GENERATIONS = b"lsm.generations"
+_SHARD = "__lsm_shard"
+"""While runs are built together: the index of the shard a row belongs to."""
 _MAGIC = b"LSMRUN1\n"
 """A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
 
@@ -149,87 +152,78 @@ def build_runs(
     ``shards`` must be pinned above ``dataset`` (``LsmTable.shard_states``);
     ``fragments`` are ``dataset``'s fragment ids, if the caller has them.
     ``previous[shard_id]``, a run over a prefix of that shard's pending
-    generations, is extended rather than rebuilt: only newer generations are
-    read, and only keys without a known base row are looked up. The base rows
-    of every shard's new keys are found with one probe of the base (a BTREE
-    ``IN`` query or one scan of the key columns, whichever costs less for
-    their number: :func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
-    ``map`` applies the per-shard reads (pass a thread pool's).
+    generations, is extended rather than rebuilt, at a cost that follows the
+    newer generations: only they are read (through ``map``: pass a thread
+    pool's) and resolved to one change per key; the earlier run's rows they
+    supersede are dropped, and only keys it did not hold are looked up in the
+    base. A key lives in one shard, so all shards go through each step
+    together, with one probe of the base (a BTREE ``IN`` query or a scan of
+    the key columns, whichever costs less for their number:
+    :func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
     """
+    if not shards:
+        return []
     present = fragment_ids(dataset) if fragments is None else fragments
-
-    def resolve(shard: ShardState) -> pa.Table:
-        return _resolve_changes(
-            dataset, shard, primary_key, previous.get(shard.shard_id), present, storage_options, session
-        )
-
-    resolved = list(map(resolve, shards))
-    addresses = _fill_base_rows(dataset, resolved, primary_key)
+    columns = empty_tail(dataset.schema).schema
+    earlier = [previous.get(shard.shard_id) for shard in shards]
+    todo = [
+        (index, (shard.shard_id, directory))
+        for index, (shard, run) in enumerate(zip(shards, earlier, strict=True))
+        for _, directory in (run.extra_generations(shard) if run else shard.pending_generations)
+    ]
+    read = read_generations(
+        dataset.uri, [g for _, g in todo], columns, storage_options=storage_options, session=session, map=map
+    )
+    tagged = [_tagged(rows, index) for (index, _), rows in zip(todo, read, strict=True)]
+    newer = newest_per_key(tagged, columns.append(pa.field(_SHARD, pa.int32())), primary_key)
+    older = _earlier_rows(earlier, present, columns)
+    rewritten = key_mask(older, newer, primary_key)
+    # A re-written key keeps the base row its earlier run found; only the others are looked up.
+    carried = addresses_by_key(newer, older.filter(pa.array(rewritten)), primary_key, BASE_ROW_ADDRESS)
+    older = older.filter(pa.array(~rewritten))
+    known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
+    resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
+    base_rows = _fill_base_rows(dataset, resolved.select(primary_key), known, primary_key)
     runs = []
-    for shard, changes, base_rows in zip(shards, resolved, addresses, strict=True):
+    shard_of_row = resolved.column(_SHARD).to_numpy()
+    for index, shard in enumerate(shards):
+        mine = np.flatnonzero(shard_of_row == index)
         # The vector ascending: readers need not sort.
-        order = pc.array_sort_indices(base_rows, null_placement="at_end")
-        changes = changes.drop_columns([BASE_ROW_ADDRESS]).take(order)
+        order = mine[pc.array_sort_indices(base_rows.take(mine)).to_numpy()]
+        changes = resolved.drop_columns([_SHARD]).take(order)
         runs.append(PendingRun(shard.shard_id, shard.pending_generations, changes, base_rows.take(order)))
     return runs
 
 
-def _resolve_changes(
-    dataset: lance.LanceDataset,
-    shard: ShardState,
-    primary_key: list[str],
-    previous: PendingRun | None,
-    fragments: set[int],
-    storage_options: dict[str, str] | None,
-    session: lance.Session | None,
-) -> pa.Table:
-    """The newest change per key over the shard's pending generations, with ``_base_rowaddr`` where known.
+def _tagged(rows: pa.Table, shard_index: int) -> pa.Table:
+    return rows.append_column(_SHARD, pa.array(np.full(rows.num_rows, shard_index, dtype=np.int32)))
 
-    Known: from ``previous`` (whose newest change of a key may be superseded
-    by a newer generation; its base row is the same), unless a rewrite of the
-    base made its vector stale.
+
+def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns: pa.Schema) -> pa.Table:
+    """The earlier runs' changes, tagged with their shard, with the base rows they found.
+
+    Null base rows where a run's vector went stale (a rewrite of the base
+    moved rows: they are looked up again) or was never looked up.
     """
-    shape = empty_tail(dataset.schema).schema.append(pa.field(BASE_ROW_ADDRESS, pa.uint64()))
-    columns = pa.schema(list(shape)[:-1])
-    levels, todo = [], shard.pending_generations
-    known = None
-    if previous is not None and previous.superseded.holds_in(fragments):
-        known = previous.changes.select(primary_key).append_column(BASE_ROW_ADDRESS, previous.base_rows)
-    if previous is not None:
-        levels.append(conform(previous.changes, columns))
-        todo = previous.extra_generations(shard)
-    generations = [(shard.shard_id, d) for _, d in todo]
-    levels += read_generations(dataset.uri, generations, columns, storage_options=storage_options, session=session)
-    resolved = newest_per_key(levels, columns, primary_key).combine_chunks()
-    return resolved.append_column(BASE_ROW_ADDRESS, _known_base_rows(resolved, known, primary_key))
-
-
-def _known_base_rows(resolved: pa.Table, known: pa.Table | None, primary_key: list[str]) -> pa.Array:
-    """The base row of each of ``resolved``'s keys that ``known`` (key columns + ``_base_rowaddr``) holds."""
-    if known is None or not resolved.num_rows:
-        return pa.nulls(resolved.num_rows, pa.uint64())
-    return addresses_by_key(resolved, known.drop_null(), primary_key, BASE_ROW_ADDRESS)
-
-
-def _fill_base_rows(dataset: lance.LanceDataset, resolved: list[pa.Table], primary_key: list[str]) -> list[pa.Array]:
-    """Each table's ``_base_rowaddr``, the missing ones looked up in the base in one probe for all shards."""
-    known = [table.column(BASE_ROW_ADDRESS).combine_chunks() for table in resolved]
-    missing = [np.flatnonzero(k.is_null().to_numpy(zero_copy_only=False)) for k in known]
-    keys = [table.select(primary_key).take(rows) for table, rows in zip(resolved, missing, strict=True)]
-    found = base_row_addresses(dataset, pa.concat_tables(keys), primary_key) if keys else None
-    filled, start = [], 0
-    for rows, addresses in zip(missing, known, strict=True):
-        if found is None or not len(rows):
-            filled.append(addresses)
+    parts = [columns.append(pa.field(_SHARD, pa.int32())).append(pa.field(BASE_ROW_ADDRESS, pa.uint64())).empty_table()]
+    for index, run in enumerate(earlier):
+        if run is None:
             continue
-        looked_up = found.slice(start, len(rows))
-        start += len(rows)
-        values = addresses.fill_null(0).to_numpy().copy()
-        present = addresses.is_valid().to_numpy(zero_copy_only=False).copy()
-        values[rows] = looked_up.fill_null(NOT_IN_BASE).to_numpy()
-        present[rows] = True
-        filled.append(pa.array(values, pa.uint64(), mask=~present))
-    return filled
+        holds = run.superseded.holds_in(fragments)
+        base_rows = run.base_rows if holds else pa.nulls(len(run.base_rows), pa.uint64())
+        parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
+    return pa.concat_tables(parts)
+
+
+def _fill_base_rows(dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, primary_key: list[str]) -> pa.Array:
+    """``known``, with the base rows of the keys it lacks looked up in the base (``NOT_IN_BASE``: absent)."""
+    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
+    if not len(missing):
+        return known
+    found = base_row_addresses(dataset, keys.take(missing), primary_key)
+    values = known.fill_null(0).to_numpy().copy()
+    values[missing] = found.fill_null(NOT_IN_BASE).to_numpy()
+    return pa.array(values, pa.uint64())
 
 
 def store_run(storage: TableStorage, run: PendingRun) -> str:

@@ -41,7 +41,8 @@ import pyarrow as pa
 from lance.mem_wal import LsmVectorSearchPlanner
 
 from ..format.schema import live_rows, without_internal_columns
-from .merged_read import ReadSnapshot, key_join
+from .key_sets import key_join
+from .merged_read import ReadSnapshot
 
 CONFIG_VECTOR_INDEX = "lsm.vector_index"
 CONFIG_FTS_COLUMN = "lsm.fts_column"

@@ -1,0 +1,43 @@
+"""Set operations on primary keys between Arrow tables (membership, semi and anti joins)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_ROW = "__lsm_row"
+
+
+def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
+    """Rows of ``left`` whose key is (``"left semi"``) or is not (``"left anti"``) in ``right``.
+
+    Keeps ``left``'s row order.
+    """
+    if left.num_rows == 0 or right.num_rows == 0:
+        return left if join_type == "left anti" else left.slice(0, 0)
+    in_right = _key_membership(left, right, key)
+    return left.filter(in_right if join_type == "left semi" else pc.invert(in_right))
+
+
+def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
+    """For each row of ``left``, whether its key occurs in ``right`` (a boolean array)."""
+    if not (left.num_rows and right.num_rows):
+        return np.zeros(left.num_rows, dtype=bool)
+    mask: np.ndarray = _key_membership(left, right, key).to_numpy(zero_copy_only=False)
+    return mask
+
+
+def _key_membership(left: pa.Table, right: pa.Table, key: list[str]) -> pa.ChunkedArray | pa.Array:
+    """For each row of ``left``, whether its key occurs in ``right``; both non-empty.
+
+    A single-column key is a hash-set membership test; a composite key goes
+    through Acero's join, on the key columns only (the join refuses payload
+    columns such as fixed-size-list vectors).
+    """
+    if len(key) == 1:
+        return pc.is_in(left[key[0]], value_set=right[key[0]].combine_chunks())
+    mask = np.zeros(left.num_rows, dtype=bool)
+    numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
+    mask[numbered.join(right.select(key), keys=key, join_type="left semi", use_threads=False)[_ROW].to_numpy()] = True
+    return pa.array(mask)
