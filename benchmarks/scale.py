@@ -1,6 +1,7 @@
 """Costs against base size at a fixed change volume: LSM table vs plain Lance on the same data.
 
     .venv/bin/python benchmarks/scale.py --max-rows 16000000
+    .venv/bin/python benchmarks/scale.py --lookups-only --min-rows 16000000   # lookups, 16Mi and 64Mi
 
 For each base size (1M, 2M, 4M, ... up to ``--max-rows``, default 64M rows;
 int64 key ``id``, 4 shards) the same change volume is applied: 4 flushed
@@ -335,6 +336,45 @@ def measure_size(data: Path, rows: int, args: argparse.Namespace) -> dict[str, o
     return result
 
 
+def measure_lookups(data: Path, rows: int, args: argparse.Namespace) -> dict[str, object]:
+    """Lookups only (``--lookups-only``): the base as built, then with 16 pending generations and their runs."""
+    rng = np.random.default_rng(rows + 4)
+    table = LsmTable.open(str(clone(template(data, "int64", rows), data / "run-int64.lance")))
+    result: dict[str, object] = {"rows": rows}
+    result |= {f"pending0_{k}": v for k, v in lookups(table, rows, rng, args.probes).items()}
+    write_generations(table, "int64", rows, 16, rng)
+    result |= {f"pending16_{k}": v for k, v in lookups(table, rows, rng, args.probes).items()}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def render_lookups(results: list[dict]) -> str:
+    lines = [
+        "# Point lookups against base size (`benchmarks/scale.py --lookups-only`)",
+        "",
+        f'{machine()}. Single-key `lookup(fresh=True)` p50 against Lance\'s `to_table(filter="id = k")` '
+        "(BTREE) on the same base, each key probed by both with the first alternating; 16 pending: "
+        f"16 flushed generations of {GENERATION_ROWS:,} random-key upserts and their pending runs. "
+        "Batch: 1,000 keys in one call against `id IN (...)`.",
+        "",
+        "| base rows | 0 pending: LSM / Lance (ms) | ratio | 16 pending: LSM / Lance (ms) | ratio "
+        "| batch of 1,000, 0 pending: LSM / Lance (ms) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['rows'] >> 20}Mi "
+        f"| {_pair(r, 'pending0', 'lookup', 'lance_point', 2)} | {r['pending0_lookup_ratio']:.2f}x "
+        f"| {_pair(r, 'pending16', 'lookup', 'lance_point', 2)} | {r['pending16_lookup_ratio']:.2f}x "
+        f"| {_pair(r, 'pending0', 'batch_lookup', 'lance_batch', 0)} |"
+        for r in results
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _pair(result: dict, state: str, ours: str, theirs: str, digits: int) -> str:
+    return f"{result[f'{state}_{ours}_ms']:.{digits}f} / {result[f'{state}_{theirs}_ms']:.{digits}f}"
+
+
 def other_key_scan(data: Path, kind: str, rows: int, repeat: int) -> dict[str, float]:
     rng = np.random.default_rng(rows + 2)
     table = LsmTable.open(str(clone(template(data, kind, rows), data / f"run-{kind}.lance")))
@@ -468,6 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [s for s in SIZES if s <= args.max_rows]
     if args.quality_only:
         return quality_only(args, [s for s in sizes if s <= args.quality_max_rows])
+    if args.lookups_only:
+        found = []
+        for rows in (s for s in sizes if s >= args.min_rows):
+            found.append(measure_lookups(args.data, rows, args))
+            args.out.with_name("scale-lookups.md").write_text(render_lookups(found))
+        return 0
     results: dict = {"machine": machine(), "int64": [], "string": [], "composite": []}
     for rows in sizes:
         results["int64"].append(measure_size(args.data, rows, args))
@@ -515,6 +561,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--quality-max-rows", type=int, default=SIZES[-1], help="largest size to run quality_job on")
     parser.add_argument("--quality-only", action="store_true", help="add quality_job numbers to scale.json")
+    parser.add_argument(
+        "--lookups-only", action="store_true", help="measure lookups only, into scale-lookups.md (next to --out)"
+    )
+    parser.add_argument("--min-rows", type=int, default=SIZES[0], help="smallest base size (with --lookups-only)")
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale", help="results path without suffix")
     parser.add_argument("--repeat", type=int, default=3, help="paired scans per size")
