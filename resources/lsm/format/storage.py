@@ -188,9 +188,28 @@ class TableStorage:
         self.retrying(lambda: call(next(attempts) > 0), operation)
 
     def delete_dir(self, relative: str) -> None:
-        """Delete a directory and everything below it; nothing if it does not exist."""
+        """Delete a directory and everything below it; nothing if it does not exist (or a failed attempt did it)."""
+
+        def delete(retry: bool) -> None:
+            try:
+                self.fs.delete_dir(self.path(relative))
+            except FileNotFoundError:
+                if not retry:
+                    raise
+
         if self.exists(relative):
-            self.retrying(lambda: self.fs.delete_dir(self.path(relative)), f"delete {relative}/")
+            self._repeatable(delete, f"delete {relative}/")
+
+    def info(self, relative: str) -> pafs.FileInfo:
+        """What the store says about one path (type, size, modification time)."""
+        found: pafs.FileInfo = self.retrying(lambda: self.fs.get_file_info(self.path(relative)), f"stat {relative}")
+        return found
+
+    def files_below(self, relative: str) -> list[pafs.FileInfo]:
+        """Every file below a directory, at any depth (empty if it does not exist)."""
+        selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=True)
+        infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), f"list {relative}/**")
+        return [info for info in infos if info.type == pafs.FileType.File]
 
     def write_bytes_atomic(self, relative: str, data: bytes) -> None:
         """Write a file so that readers see either nothing or all of it.

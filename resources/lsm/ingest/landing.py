@@ -209,10 +209,15 @@ def is_complete(
     if file.size == 0:
         return False
     fs, path = filesystem(file.path, storage_options)
-    with fs.open_input_file(path) as f:
-        head: bytes = f.read(len(PARQUET_MAGIC))
-        f.seek(max(0, file.size - len(PARQUET_MAGIC)))
-        tail: bytes = f.read()
+
+    def ends() -> tuple[bytes, bytes]:
+        with fs.open_input_file(path) as f:
+            head: bytes = f.read(len(PARQUET_MAGIC))
+            f.seek(max(0, file.size - len(PARQUET_MAGIC)))
+            return head, f.read()
+
+    policy = RetryPolicy.from_options(storage_options)
+    head, tail = retrying(ends, f"read the ends of {file.name}", file.path, policy)
     if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
         return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
     age_seconds = ((now_ns or time.time_ns()) - file.mtime_ns) / 1e9

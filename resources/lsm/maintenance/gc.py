@@ -240,7 +240,7 @@ def _delete_consumed_wal(storage: TableStorage, shard_id: str, settled_before_ns
     reclaimed = Reclaimed()
     for entry in list_wal_entries(storage, shard_id):
         if entry.position <= bound:
-            storage.fs.delete_file(storage.path(f"{shard_dir(shard_id)}/wal/{entry.name}"))
+            storage.delete_file(f"{shard_dir(shard_id)}/wal/{entry.name}")
             reclaimed += Reclaimed(1, entry.size)
     return reclaimed
 
@@ -299,20 +299,15 @@ def _delete_dirs_written_before(storage: TableStorage, paths: list[str], written
     """
     reclaimed = Reclaimed()
     for path in paths:
-        files = _files_under(storage, path)
-        mtimes = [storage.fs.get_file_info(storage.path(path)).mtime_ns] + [f.mtime_ns for f in files]
+        files = storage.files_below(path)
+        mtimes = [storage.info(path).mtime_ns] + [f.mtime_ns for f in files]
         known = [m for m in mtimes if m is not None]
         if known and None not in mtimes[1:] and max(known) <= written_before_ns:
             reclaimed += delete_dir(storage, path, files)
     return reclaimed
 
 
-def _files_under(storage: TableStorage, relative: str) -> list[pafs.FileInfo]:
-    selector = pafs.FileSelector(storage.path(relative), allow_not_found=True, recursive=True)
-    return [f for f in storage.fs.get_file_info(selector) if f.type == pafs.FileType.File]
-
-
 def delete_dir(storage: TableStorage, relative: str, files: list[pafs.FileInfo] | None = None) -> Reclaimed:
-    files = _files_under(storage, relative) if files is None else files
-    storage.fs.delete_dir(storage.path(relative))
+    files = storage.files_below(relative) if files is None else files
+    storage.delete_dir(relative)
     return Reclaimed(1, sum(f.size or 0 for f in files))

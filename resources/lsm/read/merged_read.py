@@ -217,7 +217,8 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     """
     key = list(snapshot.primary_key)
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
-    runs = [run for shard in snapshot.shards if (run := _usable_run(snapshot, shard, columns)) is not None]
+    usable = level_readers().map(lambda shard: _usable_run(snapshot, shard, columns), snapshot.shards)
+    runs = [run for run in usable if run is not None]
     covered = {run.shard_id: len(run.generations) for run in runs}
     direct = tuple(
         (s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations[covered.get(s.shard_id, 0) :]
