@@ -172,15 +172,7 @@ class TableStorage:
 
     def delete_file(self, relative: str) -> None:
         """Delete a file; ``FileNotFoundError`` if it does not exist (unless a failed attempt deleted it)."""
-
-        def delete(retry: bool) -> None:
-            try:
-                self.fs.delete_file(self.path(relative))
-            except FileNotFoundError:
-                if not retry:
-                    raise
-
-        self._repeatable(delete, f"delete {relative}")
+        self._delete(self.fs.delete_file, relative, f"delete {relative}")
 
     def _repeatable(self, call: Callable[[bool], None], operation: str) -> None:
         """:meth:`retrying` for a ``call`` told whether it is a retry (an earlier attempt may have been applied)."""
@@ -189,16 +181,20 @@ class TableStorage:
 
     def delete_dir(self, relative: str) -> None:
         """Delete a directory and everything below it; nothing if it does not exist (or a failed attempt did it)."""
+        if self.exists(relative):
+            self._delete(self.fs.delete_dir, relative, f"delete {relative}/")
 
-        def delete(retry: bool) -> None:
+    def _delete(self, delete: Callable[[str], None], relative: str, operation: str) -> None:
+        """``delete(path)``, retried; a retry that finds the path gone counts as done (an attempt applied it)."""
+
+        def attempt(retry: bool) -> None:
             try:
-                self.fs.delete_dir(self.path(relative))
+                delete(self.path(relative))
             except FileNotFoundError:
                 if not retry:
                     raise
 
-        if self.exists(relative):
-            self._repeatable(delete, f"delete {relative}/")
+        self._repeatable(attempt, operation)
 
     def info(self, relative: str) -> pafs.FileInfo:
         """What the store says about one path (type, size, modification time)."""
