@@ -375,7 +375,7 @@ class LsmTable:
         shard_ids = sorted(set(upserts) | set(deletes))
         return WriteResult(
             tuple(
-                self._for_each_shard(
+                for_each_shard(
                     lambda shard_id: self._put_resolved(shard_id, upserts.get(shard_id), deletes.get(shard_id)),
                     shard_ids,
                 )
@@ -422,7 +422,7 @@ class LsmTable:
 
         Claiming fences any other writer of those shards.
         """
-        self._for_each_shard(self._writer, shard_ids if shard_ids is not None else self.shard_ids)
+        for_each_shard(self._writer, shard_ids if shard_ids is not None else self.shard_ids)
 
     @property
     def added_columns(self) -> frozenset[str]:
@@ -508,7 +508,7 @@ class LsmTable:
             self._close_writer(shard_id, self._writers.pop(shard_id, None))
             return shard_id
 
-        return list(self._for_each_shard(flush_shard, to_flush))
+        return list(for_each_shard(flush_shard, to_flush))
 
     def close(self) -> list[str]:
         """Close every open writer, flushing its MemTable to a new generation.
@@ -526,9 +526,7 @@ class LsmTable:
                 return True
 
         # In parallel: a close is mostly waiting on storage.
-        return [
-            shard_id for shard_id, fenced in zip(writers, self._for_each_shard(close, writers), strict=True) if fenced
-        ]
+        return [shard_id for shard_id, fenced in zip(writers, for_each_shard(close, writers), strict=True) if fenced]
 
     def __enter__(self) -> LsmTable:
         return self
@@ -989,13 +987,18 @@ class LsmTable:
                 f"(rows acknowledged earlier are safe in the WAL): {exc}"
             ) from exc
 
-    def _for_each_shard(self, work: Callable[[_S], _T], shards: Iterable[_S]) -> list[_T]:
-        """``work`` on each shard (id or state) in parallel threads: shard work mostly waits on storage."""
-        shards = list(shards)
-        if len(shards) <= 1:
-            return [work(s) for s in shards]
-        with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="lsm-shard") as pool:
-            return list(pool.map(work, shards))
+
+def for_each_shard(work: Callable[[_S], _T], shards: Iterable[_S]) -> list[_T]:
+    """``work`` on each shard (id, state or batch of work) in parallel threads, results in order.
+
+    Shard work mostly waits on storage, and shards never share a key, so each
+    gets a thread of its own; a single shard runs on the calling thread.
+    """
+    shards = list(shards)
+    if len(shards) <= 1:
+        return [work(s) for s in shards]
+    with ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="lsm-shard") as pool:
+        return list(pool.map(work, shards))
 
 
 def _absolute(uri: str) -> str:

@@ -47,7 +47,6 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias, cast
 
@@ -74,7 +73,7 @@ from ..ingest.landing import (
     retire_landing_files,
     unsupported_landing_entries,
 )
-from ..table import LsmTable, ShardTotals, ShardWriteCount
+from ..table import LsmTable, ShardTotals, ShardWriteCount, for_each_shard
 from ..write.changes import ValidatedChanges, validate_changes
 
 if TYPE_CHECKING:  # PySpark is imported where it runs, never at module load
@@ -686,10 +685,7 @@ def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWr
     for f in sorted(files):  # by bucket, then first landing file
         paths.setdefault(table.shard_ids[f.bucket], []).append(f.path)
     storage = table.storage
-    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="lsm-ingest") as pool:
-        return list(
-            pool.map(lambda shard_id: _write_shard(table, shard_id, read_staged(storage, paths[shard_id])), paths)
-        )
+    return for_each_shard(lambda shard_id: _write_shard(table, shard_id, read_staged(storage, paths[shard_id])), paths)
 
 
 def _wal_bytes(table: LsmTable) -> dict[str, int]:

@@ -57,7 +57,6 @@ import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -72,7 +71,7 @@ from ..format.schema import CHANGE_COLUMNS
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.cdc import CdcFormat
 from ..ingest.landing import STAGING_DIR, LandingRows, cdc_rows
-from ..table import LsmTable, ShardWriteCount
+from ..table import LsmTable, ShardWriteCount, for_each_shard
 from ..write.changes import validate_changes
 from .ingest import RejectedRow, StagedFiles, read_staged, rejected_rows, validate_file, write_quarantine_file
 
@@ -376,8 +375,7 @@ def _apply(
     ledger = WriteLedger(table.storage, write_id)
     skipped = tuple(s for s in sorted(paths) if ledger.applied_batch(s) >= batch_id)
     todo = [s for s in sorted(paths) if s not in skipped]
-    with ThreadPoolExecutor(max_workers=max(1, len(todo)), thread_name_prefix="lsm-spark-write") as pool:
-        written = list(pool.map(lambda s: _apply_shard(table, ledger, s, paths[s], batch_id), todo))
+    written = for_each_shard(lambda s: _apply_shard(table, ledger, s, paths[s], batch_id), todo)
     report = SparkWriteReport(
         write_id,
         batch_id,
