@@ -24,7 +24,10 @@ SEQ_COLUMN = "_seq"
 TOMBSTONE_COLUMN = "_tombstone"
 """Column MemWAL adds to WAL entries and SSTables; ``True`` marks a delete."""
 
-INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", "_rowaddr", "_rowid"})
+ROW_ADDRESS = "_rowaddr"
+"""Column Lance adds for ``with_row_address=True``: fragment id << 32 | offset."""
+
+INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", ROW_ADDRESS, "_rowid"})
 """Columns Lance adds to scans; never part of a user schema."""
 
 UPSERT, DELETE = "upsert", "delete"

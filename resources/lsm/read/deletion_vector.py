@@ -16,10 +16,8 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
-
-ROW_ADDRESS = "_rowaddr"
-"""The column Lance adds for ``with_row_address=True``."""
 
 _ROW = "__lsm_row"
 _SCAN_ROWS_PER_INDEXED_KEY = 500

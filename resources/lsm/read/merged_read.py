@@ -44,9 +44,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import ShardSnapshot
 
-from ..format.schema import TOMBSTONE_COLUMN, live_rows
+from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
-from .deletion_vector import ROW_ADDRESS, DeletionVector, fragment_ids
+from .deletion_vector import DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import key_join, key_mask

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
+from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns
 from tests.helpers import rows_by_key
 
@@ -147,7 +148,7 @@ class LsmTableMachine(RuleBasedStateMachine):
         dataset = self.table.dataset()
         base = dataset.to_table(columns=self.primary_key, with_row_address=True).to_pylist()
         address = {tuple(r[k] for k in self.primary_key): r["_rowaddr"] for r in base}
-        fragments = {f.fragment_id for f in dataset.get_fragments()}
+        fragments = fragment_ids(dataset)
         for shard in self.table.shard_states(dataset):
             run = PendingRuns(self.table.storage).find(shard, quiet=True)
             if run is None or not run.superseded.holds_in(fragments):

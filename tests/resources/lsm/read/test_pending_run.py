@@ -15,6 +15,7 @@ import pyarrow as pa
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.read import pending_run
+from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.pending_run import NOT_IN_BASE, RUNS_DIR, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
@@ -111,9 +112,9 @@ def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, capl
 
 def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_refreshes_them(tmp_path):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
-    before = {f.fragment_id for f in table.dataset().get_fragments()}
+    before = fragment_ids(table.dataset())
     maintain_base(table.dataset(), MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30))
-    assert not before & {f.fragment_id for f in table.dataset().get_fragments()}  # every row has a new address
+    assert not before & fragment_ids(table.dataset())  # every row has a new address
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
     assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
     assert table.build_pending_runs() == {}  # current now
