@@ -47,6 +47,7 @@ from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
 from .read import merged_read, vector_search
 from .read.deletion_vector import fragment_ids
 from .read.filter_text import checked_filter
+from .read.level_readers import level_readers
 from .read.pending_run import PendingRun, PendingRuns, build_runs, run_path, store_run
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail
@@ -604,7 +605,7 @@ class LsmTable:
             return run, False
 
         # Run files and generations are read and written on the level readers' threads (none waits on them).
-        pool = merged_read.level_readers()
+        pool = level_readers()
         found = list(pool.map(stored_run, states))
         previous = {state.shard_id: run for state, (run, _) in zip(states, found, strict=True)}
         stale = [state for state, (_, current) in zip(states, found, strict=True) if not current]

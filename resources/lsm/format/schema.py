@@ -85,7 +85,9 @@ def without_internal_columns(table: pa.Table) -> pa.Table:
 
 def live_rows(changes: pa.Table) -> pa.Table:
     """The upserts of a change table with ``_tombstone`` (deletes dropped), without that column."""
-    return changes.filter(pc.invert(changes[TOMBSTONE_COLUMN])).drop_columns([TOMBSTONE_COLUMN])
+    dead = changes[TOMBSTONE_COLUMN]
+    upserts = changes.filter(pc.invert(dead)) if pc.any(dead).as_py() else changes  # no copy without deletes
+    return upserts.drop_columns([TOMBSTONE_COLUMN])
 
 
 @lru_cache(maxsize=8)

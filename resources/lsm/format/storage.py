@@ -116,6 +116,11 @@ class TableStorage:
         """``call()`` with this location's retries (it must be safe to repeat); see :func:`retrying`."""
         return retrying(call, operation, self.location, self.retry_policy, before_retry)
 
+    @property
+    def is_local(self) -> bool:
+        """Whether the files are on a local disk (reads take microseconds, not a round trip)."""
+        return isinstance(self.fs, pafs.LocalFileSystem)
+
     def uri(self, relative: str) -> str:
         """``relative`` as Lance opens it (a URI, or an absolute local path); pass :attr:`storage_options` too."""
         return join(self.location, relative)

@@ -30,12 +30,10 @@ the primary-key checks catch them.
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import lance
@@ -50,13 +48,11 @@ from .deletion_vector import DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import key_join, key_mask
+from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
-_READERS = 8
-"""Threads reading levels at once (opening a generation is mostly waiting on storage)."""
-_reader_pool: ThreadPoolExecutor | None = None
 _BASE_BATCH_ROWS = 65_536
 """Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
 
@@ -154,7 +150,7 @@ class BaseRowFilter:
         """``batch``'s surviving rows, in order, without ``_rowaddr``."""
         keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
         batch = batch.drop_columns([ROW_ADDRESS])
-        return self._keys.drop_from(batch if keep.all() else batch.filter(pa.array(keep)))
+        return self._keys.drop_from(batch if keep.all() else rows_where(batch, keep))
 
 
 class _KeyFilter:
@@ -192,7 +188,17 @@ class _KeyFilter:
             in_range = (values >= self._low) & (offsets >= 0) & (offsets < len(self._bitmap))
             found = np.zeros(len(values), dtype=bool)
             found[in_range] = self._bitmap[offsets[in_range]]
-        return batch.filter(pa.array(~found)) if found.any() else batch
+        return rows_where(batch, ~found) if found.any() else batch
+
+
+def rows_where(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
+    """The rows of ``batch`` where ``mask`` is True, in order.
+
+    Filters column by column: with pyarrow 26, ``RecordBatch.filter`` takes
+    about twice as long for the same result (``benchmarks/read_keys.py``).
+    """
+    selection = pa.array(mask)
+    return pa.RecordBatch.from_arrays([column.filter(selection) for column in batch.columns], schema=batch.schema)
 
 
 @dataclass(frozen=True)
@@ -217,8 +223,7 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     """
     key = list(snapshot.primary_key)
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
-    usable = level_readers().map(lambda shard: _usable_run(snapshot, shard, columns), snapshot.shards)
-    runs = [run for run in usable if run is not None]
+    runs = [run for run in _usable_runs(snapshot, columns) if run is not None]
     covered = {run.shard_id: len(run.generations) for run in runs}
     direct = tuple(
         (s.shard_id, d) for s in snapshot.shards for _, d in s.pending_generations[covered.get(s.shard_id, 0) :]
@@ -234,11 +239,22 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
 
 
+def _usable_runs(snapshot: ReadSnapshot, columns: list[str]) -> list[PendingRun | None]:
+    """Each shard's stored run, if there is one with every column the read needs."""
+    if snapshot.runs is None:
+        return []
+    runs = snapshot.runs.find_each([shard for shard in snapshot.shards if shard.pending_generations])
+    return [_with_columns(run, columns) for run in runs]
+
+
 def _usable_run(snapshot: ReadSnapshot, shard: ShardState, columns: list[str]) -> PendingRun | None:
     """The shard's stored run, if there is one with every column the read needs."""
     if snapshot.runs is None or not shard.pending_generations:
         return None
-    run = snapshot.runs.find(shard)
+    return _with_columns(snapshot.runs.find(shard), columns)
+
+
+def _with_columns(run: PendingRun | None, columns: list[str]) -> PendingRun | None:
     return run if run is not None and set(columns) <= set(run.changes.column_names) else None
 
 
@@ -307,26 +323,6 @@ class PendingGenerations:
             ):
                 self._entries.popitem(last=False)
         return resolved
-
-
-def level_readers() -> ThreadPoolExecutor:
-    """The process's threads for reading levels, started on first use (starting threads per read costs ms).
-
-    Their tasks never wait on this pool themselves (that could deadlock it).
-    """
-    global _reader_pool
-    if _reader_pool is None:
-        _reader_pool = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="lsm-level-read")
-    return _reader_pool
-
-
-def _forget_readers() -> None:
-    # A forked child inherits the pool but not its threads: it starts its own.
-    global _reader_pool
-    _reader_pool = None
-
-
-os.register_at_fork(after_in_child=_forget_readers)
 
 
 def lookup(
