@@ -128,14 +128,20 @@ def decode_shard_manifest(data: bytes) -> ShardManifest:
     )
 
 
-def list_wal_entries(storage: TableStorage, shard_id: str) -> list[WalEntryFile]:
-    """Every WAL entry file of a shard, in ascending position."""
-    entries = [
-        WalEntryFile(parse_position(f.name[: -len(".arrow")]), f.name, f.size, f.mtime_ns)
-        for f in storage.list_dir(f"{shard_dir(shard_id)}/wal")
-        if f.name.endswith(".arrow")
-    ]
+def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> list[WalEntryFile]:
+    """The WAL entry files of a shard above position ``after`` (default: all), in ascending position.
+
+    Entries at or below a shard's replay position stay until GC removes them:
+    pass it as ``after`` and they cost only their names.
+    """
+    files = storage.list_files_named(f"{shard_dir(shard_id)}/wal", lambda name: _wal_position(name) > after)
+    entries = [WalEntryFile(_wal_position(f.name), f.name, f.size, f.mtime_ns) for f in files]
     return sorted(entries, key=lambda e: e.position)
+
+
+def _wal_position(name: str) -> int:
+    """The position a WAL file name holds; -1 for a file that is not a WAL entry."""
+    return parse_position(name[: -len(".arrow")]) if name.endswith(".arrow") else -1
 
 
 def list_generation_dirs(storage: TableStorage, shard_id: str) -> list[tuple[int, str]]:

@@ -86,8 +86,8 @@ def load_shard_state(
     replay_after = manifest.replay_after_wal_position if manifest else 0
     unflushed = [
         e
-        for e in list_wal_entries(storage, shard_id)
-        if e.position > replay_after and not _is_fence_sentinel(storage, shard_id, e)
+        for e in list_wal_entries(storage, shard_id, after=replay_after)
+        if not _is_fence_sentinel(storage, shard_id, e)
     ]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}

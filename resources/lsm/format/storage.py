@@ -152,6 +152,26 @@ class TableStorage:
         files = (info for info in self._children(relative) if info.type == pafs.FileType.File)
         return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in files]
 
+    def list_files_named(self, relative: str, wanted: Callable[[str], bool]) -> list[FileEntry]:
+        """The files of a directory whose name passes ``wanted`` (empty if the directory does not exist).
+
+        An object store lists sizes and times with the names anyway; a local
+        listing would stat every entry, so there only the wanted files are.
+        """
+        if not self.is_local:
+            return [entry for entry in self.list_files(relative) if wanted(entry.name)]
+        directory = self.path(relative)
+
+        def stat_wanted() -> list[pafs.FileInfo]:
+            try:
+                names = [name for name in os.listdir(directory) if wanted(name)]
+            except FileNotFoundError:
+                return []
+            return self.fs.get_file_info([f"{directory}/{name}" for name in names])
+
+        infos = self.retrying(stat_wanted, f"list {relative}")
+        return [FileEntry(i.base_name, i.size or 0, i.mtime_ns) for i in infos if i.type == pafs.FileType.File]
+
     def _children(self, relative: str) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
         infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), f"list {relative}")

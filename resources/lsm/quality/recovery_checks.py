@@ -270,7 +270,7 @@ def _verify_wal(
     """Check the entries replay would read; return (entries verified, rows replay would apply)."""
     replay_after = manifest.replay_after_wal_position if manifest else 0
     epoch = manifest.writer_epoch if manifest else 0
-    entries = [e for e in list_wal_entries(storage, shard_id) if e.position > replay_after]
+    entries = list_wal_entries(storage, shard_id, after=replay_after)
     gaps = [
         e.position
         for prev, e in zip([None, *entries], entries, strict=False)

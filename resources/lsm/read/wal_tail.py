@@ -36,8 +36,8 @@ def read_wal_tail(
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
     parts = []
-    for entry in list_wal_entries(storage, shard_id):
-        if entry.position <= after_position or (up_to_position is not None and entry.position > up_to_position):
+    for entry in list_wal_entries(storage, shard_id, after=after_position):
+        if up_to_position is not None and entry.position > up_to_position:
             continue
         metadata, rows = read_wal_entry(storage, shard_id, entry)
         epoch = int(metadata.get("writer_epoch", 0))

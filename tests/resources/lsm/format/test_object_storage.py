@@ -114,6 +114,19 @@ def test_filesystem_resolves_local_paths_and_uris(tmp_path, monkeypatch, s3_serv
     assert fs.get_file_info("lsm-tests").type == pafs.FileType.Directory  # the options reach the server
 
 
+def test_named_listing_is_the_same_on_a_local_disk_and_on_s3(tmp_path, s3_root, s3_server):
+    """Locally only the wanted names are stat-ed; the answer must not depend on where the files are."""
+    listings = []
+    for storage in (TableStorage(str(tmp_path / "t")), TableStorage(f"{s3_root}/t", s3_server.storage_options())):
+        assert storage.list_files_named("wal", lambda name: True) == []  # no directory yet
+        for name, data in (("1.arrow", b"a"), ("2.arrow", b"bb"), ("3.arrow", b"ccc"), ("notes.txt", b"x")):
+            storage.write_bytes_atomic(f"wal/{name}", data)
+        storage.write_bytes_atomic("wal/sub/4.arrow", b"dddd")  # a directory's contents are not its files
+        wanted = storage.list_files_named("wal", lambda name: name.endswith(".arrow") and name != "1.arrow")
+        listings.append(sorted((entry.name, entry.size, entry.mtime_ns is not None) for entry in wanted))
+    assert listings[0] == listings[1] == [("2.arrow", 2, True), ("3.arrow", 3, True)]
+
+
 def _parquet(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 
