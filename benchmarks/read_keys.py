@@ -13,8 +13,8 @@ side by side, alternating, medians of ``--repeat`` pairs:
   through a table object just opened (what every Dagster run pays; the open
   itself is not timed);
 - point lookups (p50 of ``--lookups`` random keys, warm table object) vs
-  Lance's own point query on the base (``to_table(filter=...)``), each key
-  probed by both, the first alternating;
+  Lance's own point query on the base (``to_table(filter=...)``), in
+  alternating pairs, each probe a key no probe asked for before;
 - the write side: ``flush()`` of one generation per shard, and the
   maintenance step that then builds the pending runs (``build_pending_runs``).
 
@@ -95,7 +95,7 @@ def bench_kind(workdir: Path, kind: str, args) -> dict:
     rng = np.random.default_rng(7)
     table = make_table(str(workdir / f"{kind}.lance"), kind, args.rows, rng)
     base = table.dataset()
-    probe_table = rows_for(kind, rng.integers(0, args.rows, args.lookups), rng).select(KEYS[kind])
+    probe_table = rows_for(kind, rng.choice(args.rows, 2 * args.lookups + 2, replace=False), rng).select(KEYS[kind])
     probes = list(zip(*(probe_table.column(k).to_pylist() for k in KEYS[kind]), strict=True))
 
     def new_reader_pair() -> tuple[float, float]:
