@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py --max-rows 16000000
     .venv/bin/python benchmarks/scale.py --lookups-only --min-rows 16000000   # lookups, 16Mi and 64Mi
+    .venv/bin/python benchmarks/scale.py --scans-only --min-rows 32000000 --max-rows-other-keys 67108864
 
 For each base size (1M, 2M, 4M, ... up to ``--max-rows``, default 64M rows;
 int64 key ``id``, 4 shards) the same change volume is applied: 4 flushed
@@ -519,6 +520,8 @@ def main(argv: list[str] | None = None) -> int:
             found.append(measure_lookups(args.data, rows, args))
             args.out.with_name("scale-lookups.md").write_text(render_lookups(found))
         return 0
+    if args.scans_only:
+        return scans_only(args, [s for s in sizes if args.min_rows <= s <= args.max_rows_other_keys])
     results: dict = {"machine": machine(), "int64": [], "string": [], "composite": []}
     for rows in sizes:
         results["int64"].append(measure_size(args.data, rows, args))
@@ -528,6 +531,36 @@ def main(argv: list[str] | None = None) -> int:
             results[kind].append(other_key_scan(args.data, kind, rows, args.repeat))
             write_outputs(results, args.out)
     return 0
+
+
+def scans_only(args: argparse.Namespace, sizes: list[int]) -> int:
+    """Merged full scan vs base scan for every key type at ``sizes`` (``--scans-only``), into scale-scans.md."""
+    found: dict[str, list[dict]] = {}
+    for rows in sizes:
+        for kind in ("int64", "string", "composite"):
+            found.setdefault(kind, []).append(other_key_scan(args.data, kind, rows, args.repeat))
+            args.out.with_name("scale-scans.md").write_text(render_scans(found))
+    return 0
+
+
+def render_scans(found: dict[str, list[dict]]) -> str:
+    lines = [
+        "# Merged full scan by key type (`benchmarks/scale.py --scans-only`)",
+        "",
+        f"{machine()}. {GENERATIONS} pending generations of {GENERATION_ROWS:,} random-key upserts with their "
+        f"pending runs, {SHARDS} shards; `LsmTable.scanner()` drained against a plain Lance `to_batches()` of "
+        "the same base, alternating, medians of `--repeat` pairs.",
+        "",
+        "| key | base rows | merged scan | base scan | ratio |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {kind} | {r['rows'] / (1 << 20):.0f}Mi | {r['merged_scan_s']:.2f} s | {r['base_scan_s']:.2f} s "
+        f"| {r['scan_ratio']:.2f}x |"
+        for kind, results in found.items()
+        for r in results
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def quality_only(args: argparse.Namespace, sizes: list[int]) -> int:
@@ -569,7 +602,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--lookups-only", action="store_true", help="measure lookups only, into scale-lookups.md (next to --out)"
     )
-    parser.add_argument("--min-rows", type=int, default=SIZES[0], help="smallest base size (with --lookups-only)")
+    parser.add_argument(
+        "--scans-only",
+        action="store_true",
+        help="merged scans of every key type only, up to --max-rows-other-keys, into scale-scans.md",
+    )
+    parser.add_argument(
+        "--min-rows", type=int, default=SIZES[0], help="smallest base size (with --lookups-only, --scans-only)"
+    )
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale", help="results path without suffix")
     parser.add_argument("--repeat", type=int, default=3, help="paired scans per size")
