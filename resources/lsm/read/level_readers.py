@@ -1,4 +1,4 @@
-"""The process's threads for reading levels (run files, generations) from object storage."""
+"""The process's threads for reading levels (run files, generations), which mostly waits on storage."""
 
 from __future__ import annotations
 

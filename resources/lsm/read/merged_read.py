@@ -53,7 +53,7 @@ from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
 _ROW = "__lsm_row"
-_BASE_BATCH_ROWS = 65_536
+BASE_BATCH_ROWS = 65_536
 """Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
 
 
@@ -118,9 +118,7 @@ def scan(
     """
     key = list(primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    base = dataset.scanner(
-        columns=wanted, filter=filter, batch_size=_BASE_BATCH_ROWS, with_row_address=True
-    ).to_reader()
+    base = dataset.scanner(columns=wanted, filter=filter, batch_size=BASE_BATCH_ROWS, with_row_address=True).to_reader()
     try:
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
