@@ -167,7 +167,8 @@ class TableStorage:
                 names = [name for name in os.listdir(directory) if wanted(name)]
             except FileNotFoundError:
                 return []
-            return self.fs.get_file_info([f"{directory}/{name}" for name in names])
+            infos: list[pafs.FileInfo] = self.fs.get_file_info([f"{directory}/{name}" for name in names])
+            return infos
 
         infos = self.retrying(stat_wanted, f"list {relative}")
         return [FileEntry(i.base_name, i.size or 0, i.mtime_ns) for i in infos if i.type == pafs.FileType.File]
