@@ -38,6 +38,7 @@ _SSTABLE_PATH = 2
 _SSTABLE_PHYSICAL_ROWS = 4
 
 _GENERATION_DIR = re.compile(r"^[0-9a-f]+_gen_(\d+)$")
+_WAL_ENTRY = re.compile(r"^([01]+)\.arrow$")
 
 
 def position_name(position: int) -> str:
@@ -140,8 +141,9 @@ def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> l
 
 
 def _wal_position(name: str) -> int:
-    """The position a WAL file name holds; -1 for a file that is not a WAL entry."""
-    return parse_position(name[: -len(".arrow")]) if name.endswith(".arrow") else -1
+    """The position a WAL file name holds; -1 for any other file (a stray file never breaks a read)."""
+    match = _WAL_ENTRY.match(name)
+    return parse_position(match.group(1)) if match else -1
 
 
 def list_generation_dirs(storage: TableStorage, shard_id: str) -> list[tuple[int, str]]:

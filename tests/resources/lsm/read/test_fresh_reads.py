@@ -88,3 +88,17 @@ def test_base_commits_by_another_process_are_seen_by_a_reader_with_warm_caches(m
     subprocess.run([sys.executable, "-c", commit, table.uri], check=True)
     assert table.lookup([3])["name"].to_pylist() == ["after"]
     assert rows_by_key(table.read(fresh=False))[(3,)]["name"] == "after"
+
+
+def test_stray_files_in_a_wal_directory_never_break_a_fresh_read(make_table):
+    """Only ``<binary position>.arrow`` files are WAL entries; anything else someone drops there is ignored."""
+    table = make_table()
+    table.write(pa.table({"id": pa.array([1], pa.int64()), "name": ["flushed"], "price": [1.0]}))
+    table.close()  # flushed: its WAL entry is now below the replay position
+    table.write(pa.table({"id": pa.array([2], pa.int64()), "name": ["in the wal"], "price": [2.0]}))
+    table.detach_writers()  # acknowledged, unflushed: only the WAL holds it
+    for shard in table.shard_ids:
+        for stray in ("notes.arrow", "README", "0101.arrow.tmp"):
+            table.storage.write_bytes_atomic(f"_mem_wal/{shard}/wal/{stray}", b"not a WAL entry")
+    assert {k[0]: r["name"] for k, r in rows_by_key(table.read()).items()} == {1: "flushed", 2: "in the wal"}
+    assert table.lookup([2])["name"].to_pylist() == ["in the wal"]
