@@ -502,7 +502,7 @@ def scan_cell(r: dict) -> str:
 
 
 def ascii_plot(sizes: list[dict]) -> list[str]:
-    """A text plot of merge time, lookup p50 and scan time against base size (matplotlib is not installed)."""
+    """A text plot of merge time, lookup p50 and scan time against base size (for where the PNG is not shown)."""
     series = {"merge (s)": "merge_s", "lookup p50 (ms)": "pending0_lookup_ms", "merged scan (s)": "merged_scan_s"}
     out = []
     for label, key in series.items():
@@ -512,6 +512,46 @@ def ascii_plot(sizes: list[dict]) -> list[str]:
             f"  {r['rows'] / 2**20:>5,.0f}Mi {'#' * max(1, round(40 * r[key] / top)):<40} {r[key]:.2f}" for r in sizes
         ]
     return out
+
+
+_PLOT_PANELS = {
+    "merge of the 200k changes (s)": {
+        "LSM compact, with its index upkeep": "merge_s",
+        "LSM merge + full re-index (before)": "merge_full_reindex_s",
+        "plain merge_insert, hash join": "lance_merge_insert_hash_join_s",
+    },
+    "lookup p50, fresh (ms)": {
+        "LSM, 0 pending": "pending0_lookup_ms",
+        "LSM, 16 pending": "pending16_lookup_ms",
+        "Lance point query (BTREE)": "pending0_lance_point_ms",
+    },
+    "full scan (s)": {"LSM merged view, 4 pending": "merged_scan_s", "plain Lance, base": "base_scan_s"},
+    "peak RSS (GB)": {
+        "LSM streamed read": "lsm_read_rss_gb",
+        "Lance streamed read": "lance_read_rss_gb",
+        "quality_job driver": "quality_driver_rss_gb",
+    },
+}
+
+
+def plot(sizes: list[dict], path: Path) -> None:
+    """Each cost against base size, LSM next to plain Lance, on log-log axes (a flat line follows the change)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 2, figsize=(12, 8))
+    for axis, (title, series) in zip(axes.flat, _PLOT_PANELS.items(), strict=True):
+        for label, key in series.items():
+            points = [(r["rows"], r[key]) for r in sizes if r.get(key) is not None]
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        axis.set(title=title, xlabel="base rows", xscale="log", yscale="log")
+        axis.legend(fontsize=8)
+    figure.suptitle(f"Costs against base size, {GENERATIONS} x {GENERATION_ROWS:,} changes, {machine()}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def machine() -> str:
@@ -602,6 +642,8 @@ def write_outputs(results: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(render(results))
+    if results["int64"]:
+        plot(results["int64"], out.with_suffix(".png"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
