@@ -139,8 +139,7 @@ class TableStorage:
         return self.retrying(read, f"read {relative}")
 
     def exists(self, relative: str) -> bool:
-        info = self.retrying(lambda: self.fs.get_file_info(self.path(relative)), f"stat {relative}")
-        found: bool = info.type != pafs.FileType.NotFound
+        found: bool = self.info(relative).type != pafs.FileType.NotFound
         return found
 
     def list_dir(self, relative: str) -> list[FileEntry]:
@@ -173,9 +172,11 @@ class TableStorage:
         infos = self.retrying(stat_wanted, f"list {relative}")
         return [FileEntry(i.base_name, i.size or 0, i.mtime_ns) for i in infos if i.type == pafs.FileType.File]
 
-    def _children(self, relative: str) -> list[pafs.FileInfo]:
-        selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=False)
-        infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), f"list {relative}")
+    def _children(self, relative: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        """What a directory holds (at any depth if ``recursive``); empty if it does not exist."""
+        selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=recursive)
+        operation = f"list {relative}/**" if recursive else f"list {relative}"
+        infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), operation)
         return infos
 
     def move(self, relative: str, to: str) -> None:
@@ -229,9 +230,7 @@ class TableStorage:
 
     def files_below(self, relative: str) -> list[pafs.FileInfo]:
         """Every file below a directory, at any depth (empty if it does not exist)."""
-        selector = pafs.FileSelector(self.path(relative), allow_not_found=True, recursive=True)
-        infos: list[pafs.FileInfo] = self.retrying(lambda: self.fs.get_file_info(selector), f"list {relative}/**")
-        return [info for info in infos if info.type == pafs.FileType.File]
+        return [info for info in self._children(relative, recursive=True) if info.type == pafs.FileType.File]
 
     def write_bytes_atomic(self, relative: str, data: bytes) -> None:
         """Write a file so that readers see either nothing or all of it.

@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
+from .key_sets import rows_of_keys
 
-_ROW = "__lsm_row"
 _SCAN_ROWS_PER_INDEXED_KEY = 500
 """Base rows a key-column scan (and join) reads in the time a BTREE ``IN`` query spends per key.
 
@@ -125,14 +125,6 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
 def addresses_by_key(keys: pa.Table, found: pa.Table, primary_key: list[str], column: str) -> pa.Array:
     """``found``'s ``column`` for each row of ``keys``, by key (null where ``found`` lacks it).
 
-    ``found`` holds each key at most once; Acero builds its hash table on the
-    right side, which is ``keys`` (the small side in every caller).
+    ``found`` holds each key at most once.
     """
-    numbered = keys.select(primary_key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-    joined = found.select([*primary_key, column]).join(numbered, keys=primary_key, join_type="inner", use_threads=False)
-    addresses = np.zeros(keys.num_rows, dtype=np.uint64)
-    present = np.zeros(keys.num_rows, dtype=bool)
-    rows = joined.column(_ROW).to_numpy()
-    addresses[rows] = joined.column(column).to_numpy()
-    present[rows] = True
-    return pa.array(addresses, pa.uint64(), mask=~present)
+    return found.column(column).take(rows_of_keys(keys, found, primary_key)).combine_chunks()

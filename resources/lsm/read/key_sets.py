@@ -1,4 +1,4 @@
-"""Set operations on primary keys between Arrow tables (membership, semi and anti joins)."""
+"""Set operations on primary keys between Arrow tables (membership, semi and anti joins, row of each key)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _ROW = "__lsm_row"
+_FOUND = "__lsm_found_row"
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
@@ -41,3 +42,20 @@ def _key_membership(left: pa.Table, right: pa.Table, key: list[str]) -> pa.Chunk
     numbered = left.select(key).append_column(_ROW, pa.array(np.arange(left.num_rows, dtype=np.int64)))
     mask[numbered.join(right.select(key), keys=key, join_type="left semi", use_threads=False)[_ROW].to_numpy()] = True
     return pa.array(mask)
+
+
+def rows_of_keys(keys: pa.Table, found: pa.Table, key: list[str]) -> pa.Array:
+    """For each row of ``keys``, the row of ``found`` holding its key (``int64``; null where ``found`` lacks it).
+
+    ``found`` holds each key at most once. Acero builds its hash table on the
+    right side, which is ``keys`` (the small side in every caller).
+    """
+    numbered = keys.select(key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    located = found.select(key).append_column(_FOUND, pa.array(np.arange(found.num_rows, dtype=np.int64)))
+    joined = located.join(numbered, keys=key, join_type="inner", use_threads=False)
+    positions = np.zeros(keys.num_rows, dtype=np.int64)
+    present = np.zeros(keys.num_rows, dtype=bool)
+    rows = joined.column(_ROW).to_numpy()
+    positions[rows] = joined.column(_FOUND).to_numpy()
+    present[rows] = True
+    return pa.array(positions, pa.int64(), mask=~present)

@@ -47,12 +47,11 @@ from ..format.shard_state import ShardState
 from .deletion_vector import DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
-from .key_sets import key_join, key_mask
+from .key_sets import key_join, key_mask, rows_of_keys
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
 
-_ROW = "__lsm_row"
 BASE_BATCH_ROWS = 65_536
 """Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
 
@@ -363,11 +362,7 @@ def _in_key_order(rows: pa.Table, keys: pa.Table, key: list[str]) -> pa.Table:
     """``rows`` (one per key, each key in ``keys``) in the order of ``keys``."""
     if rows.num_rows < 2:
         return rows
-    numbered = keys.select(key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-    joined = rows.select(key).append_column(_ROW + "_found", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    positions = joined.join(numbered, keys=key, join_type="inner", use_threads=False)
-    order = positions.column(_ROW + "_found").take(pc.sort_indices(positions.column(_ROW)))
-    return rows.take(order)
+    return rows.take(rows_of_keys(keys, rows, key).drop_null())
 
 
 def _levels_above_base(
