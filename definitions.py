@@ -1,36 +1,37 @@
 """The code location: one ``Definitions`` object, loaded by workspace.yaml.
 
+It serves the default table (``LSM_TABLE_URI``; unprefixed names such as
+``ingest_job``) and every table declared under ``LSM_TABLES_DIR`` (default
+``tables/``; names prefixed by the table, such as ``orders_ingest_job``).
+A declaration that does not load is reported and leaves the others running.
+
 Importing it loads Dagster and this project's definitions only: Lance,
 Arrow, Spark and Great Expectations are imported by the steps that use them
 (``tests/test_definitions.py`` keeps it so).
 """
 
-from dagster import Definitions, in_process_executor, load_assets_from_modules
+from dagster import Definitions, in_process_executor
 
-import lsm_assets.ingestion
-import lsm_assets.maintenance
-import lsm_assets.reports
-from jobs import all_jobs
-from lsm_assets.checks import all_checks
+from declarations import load_tables, table_definitions, tables_dir
+from jobs import AnyJob
+from lsm_assets.table_context import DEFAULT_TABLE
 from resources.gx_resource import GreatExpectationsResource
-from resources.io_manager import LsmTableIOManager
-from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
-from resources.table_resource import LsmTableResource
-from sensors import all_schedules, all_sensors
+from sensors import maintenance_sensors
 
-defs = Definitions(
-    assets=load_assets_from_modules([lsm_assets.ingestion, lsm_assets.maintenance, lsm_assets.reports]),
-    asset_checks=all_checks,
-    jobs=all_jobs,
-    sensors=all_sensors,
-    schedules=all_schedules,
-    executor=in_process_executor,
-    resources={
-        "lsm_table": LsmTableResource(),
-        "region_writers": RegionWriterResource(lsm_table=LsmTableResource()),
-        "spark": SparkResource(),
-        "gx": GreatExpectationsResource(),
-        "lsm_io_manager": LsmTableIOManager(),
-    },
-)
+
+def build_definitions() -> Definitions:
+    """The default table, the declared tables, the sensors over all of them and the shared resources."""
+    declared = load_tables(tables_dir(), taken=[DEFAULT_TABLE])
+    tables = [DEFAULT_TABLE, *declared.tables]
+    per_table = [table_definitions(DEFAULT_TABLE), *declared.definitions]
+    jobs: dict[str, AnyJob] = {job.name: job for defs in per_table for job in defs.jobs or ()}
+    shared = Definitions(
+        sensors=maintenance_sensors(tables, jobs),
+        executor=in_process_executor,
+        resources={"spark": SparkResource(), "gx": GreatExpectationsResource()},
+    )
+    return Definitions.merge(*per_table, declared.error_definitions(), shared)
+
+
+defs = build_definitions()

@@ -1,121 +1,150 @@
-"""When things run: job definitions.
+"""When things run: each table's jobs.
 
-``ingest_job``, ``flush_job``, ``merge_job``, ``gc_job``, ``quality_job`` and
-``demo_job`` (the end-to-end pipeline of the README quick start) run from the
-CLI with only the environment defaults (``add_columns_job`` needs its
-``columns`` config)::
+Every table gets the same jobs, named after it (:func:`table_jobs`):
+``<table>_ingest_job``, ``<table>_continuous_ingest_job``,
+``<table>_add_columns_job``, ``<table>_flush_job``, ``<table>_merge_job``,
+``<table>_gc_job``, ``<table>_quality_job`` and, for a table with demo data,
+``<table>_demo_job`` (end to end). The default table (``LSM_TABLE_URI``)
+keeps the unprefixed names, so existing scripts keep working::
 
-    dagster job execute -m definitions -j merge_job
+    dagster job execute -m definitions -j merge_job            # the default table
+    dagster job execute -m definitions -j orders_merge_job     # the declared table `orders`
 
 Every job runs in one process (steps are short, and a process per step would
-pay the code location's import again for each). The sensors launch
-``flush_job`` and ``merge_job`` with the shards that need them in the run
-config. Jobs that hold shard writers carry the ``lsm/writer`` tag, so a flush
-never claims a shard from a live ingestion; flush and merge runs carry
-``lsm/maintenance`` (see ``deploy/dagster.yaml``'s limits).
+pay the code location's import again for each). Every run carries
+``lsm/table: <table>``. Jobs that hold shard writers carry
+``lsm/writer: <table>``, so a flush never claims a shard from a live
+ingestion of the same table; flush and merge runs carry
+``lsm/maintenance: <table>/<kind>``. ``deploy/dagster.yaml`` limits each of
+these per tag value: one writer run and one run of each maintenance kind per
+table, while other tables' runs go on.
 """
 
-from dagster import AssetSelection, define_asset_job, in_process_executor, job
+from dagster import AssetKey, AssetSelection, JobDefinition, define_asset_job, in_process_executor, job
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from lsm_assets.checks import all_checks
-from lsm_assets.live_writers import WRITER_TAGS
-from lsm_assets.ops import add_table_columns, ingest_continuously
+from lsm_assets.checks import table_checks
+from lsm_assets.live_writers import writer_tags
+from lsm_assets.ops import add_columns_op, continuous_ingest_op
+from lsm_assets.table_context import DEFAULT_TABLE
+from resources.declared_table import DeclaredTable
 
 MAINTENANCE_TAG = "lsm/maintenance"
+TABLE_TAG = "lsm/table"
+
+AnyJob = JobDefinition | UnresolvedAssetJobDefinition
 
 
-def _assets(*names: str) -> AssetSelection:
-    return AssetSelection.assets(*names).without_checks()
+def table_tags(table: DeclaredTable, **more: str) -> dict[str, str]:
+    """The run tags of every job of ``table``, plus ``more``."""
+    return {TABLE_TAG: table.name, **more}
 
 
-ingest_job = define_asset_job(
-    "ingest_job",
-    selection=_assets("ingested_changes"),
-    tags=WRITER_TAGS,
-    executor_def=in_process_executor,
-    description="Ingest every pending landing file with Spark (executors write through shard writers).",
-)
+def maintenance_tags(table: DeclaredTable, kind: str) -> dict[str, str]:
+    """The run tags of ``table``'s ``kind`` (``flush``, ``merge``) maintenance runs."""
+    return table_tags(table, **{MAINTENANCE_TAG: f"{table.name}/{kind}"})
 
 
-@job(
-    tags=WRITER_TAGS,
-    executor_def=in_process_executor,
-    description="Long-running ingestion: keeps region writers open and ingests landing files as "
-    "they arrive until the run is terminated, then flushes and closes the writers.",
-)
-def continuous_ingest_job() -> None:
-    ingest_continuously()
+def _assets(table: DeclaredTable, *names: str) -> AssetSelection:
+    return AssetSelection.assets(*(AssetKey(table.asset_key(n)) for n in names)).without_checks()
 
 
-@job(
-    tags=WRITER_TAGS,
-    executor_def=in_process_executor,
-    description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
-    "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
-)
-def add_columns_job() -> None:
-    add_table_columns()
+def table_jobs(table: DeclaredTable) -> list[AnyJob]:
+    """Every job of ``table``."""
+    writers = table_tags(table, **writer_tags(table.name))
+    name = table.job_name
+
+    @job(
+        name=name("continuous_ingest_job"),
+        tags=writers,
+        executor_def=in_process_executor,
+        description="Long-running ingestion: keeps region writers open and ingests landing files as "
+        "they arrive until the run is terminated, then flushes and closes the writers.",
+    )
+    def continuous_ingest_job() -> None:
+        continuous_ingest_op(table)()
+
+    @job(
+        name=name("add_columns_job"),
+        tags=writers,
+        executor_def=in_process_executor,
+        description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
+        "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
+    )
+    def add_columns_job() -> None:
+        add_columns_op(table)()
+
+    jobs: list[AnyJob] = [
+        define_asset_job(
+            name("ingest_job"),
+            selection=_assets(table, "ingested_changes"),
+            tags=writers,
+            executor_def=in_process_executor,
+            description="Ingest every pending landing file with Spark (executors write through shard writers).",
+        ),
+        continuous_ingest_job,
+        add_columns_job,
+        define_asset_job(
+            name("flush_job"),
+            selection=_assets(table, "flushed_generations"),
+            tags=maintenance_tags(table, "flush"),
+            executor_def=in_process_executor,
+            description="Flush shards' unflushed WAL into generations (all shards, or config `shards`; "
+            "skips shards with live writers).",
+        ),
+        define_asset_job(
+            name("merge_job"),
+            selection=_assets(table, "merged_base"),
+            tags=maintenance_tags(table, "merge"),
+            executor_def=in_process_executor,
+            description="Merge shards' flushed generations into the base table (all shards, or config "
+            "`shards`), after the merge guards passed.",
+        ),
+        define_asset_job(
+            name("gc_job"),
+            selection=_assets(table, "garbage_collected"),
+            tags=table_tags(table),
+            executor_def=in_process_executor,
+            description="Delete merged generations, consumed WAL, old orphans and old base versions.",
+        ),
+        define_asset_job(
+            name("quality_job"),
+            selection=AssetSelection.checks(*table_checks(table)),
+            tags=table_tags(table),
+            executor_def=in_process_executor,
+            description="Primary-key uniqueness and non-null (base and merged view), schema conformance, "
+            "WAL-replay recovery per shard, row-count reconciliation and a SIGKILL recovery drill.",
+        ),
+    ]
+    if table.demo:
+        jobs.append(_demo_job(table, writers))
+    return jobs
 
 
-flush_job = define_asset_job(
-    "flush_job",
-    selection=_assets("flushed_generations"),
-    tags={MAINTENANCE_TAG: "flush"},
-    executor_def=in_process_executor,
-    description="Flush shards' unflushed WAL into generations (all shards, or config `shards`; "
-    "skips shards with live writers).",
-)
+def _demo_job(table: DeclaredTable, tags: dict[str, str]) -> UnresolvedAssetJobDefinition:
+    steps = ["landing_changes", "ingested_changes", "flushed_generations", "merged_base", "garbage_collected"]
+    step_key = "__".join
+    return define_asset_job(
+        table.job_name("demo_job"),
+        selection=_assets(table, *steps, "table_summary"),
+        tags=tags,
+        executor_def=in_process_executor,
+        config={
+            "ops": {
+                step_key(table.asset_key("flushed_generations")): {"config": {"idle_seconds": 0}},
+                step_key(table.asset_key("garbage_collected")): {
+                    "config": {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}
+                },
+            }
+        },
+        description="End to end: generate a change stream, ingest it with Spark, flush, merge into the base "
+        "(after the merge guards), collect garbage, and summarize the merged view.",
+    )
 
-merge_job = define_asset_job(
-    "merge_job",
-    selection=_assets("merged_base"),
-    tags={MAINTENANCE_TAG: "merge"},
-    executor_def=in_process_executor,
-    description="Merge shards' flushed generations into the base table (all shards, or config `shards`), "
-    "after the merge guards passed.",
-)
 
-gc_job = define_asset_job(
-    "gc_job",
-    selection=_assets("garbage_collected"),
-    executor_def=in_process_executor,
-    description="Delete merged generations, consumed WAL, old orphans and old base versions.",
-)
-
-quality_job = define_asset_job(
-    "quality_job",
-    selection=AssetSelection.checks(*all_checks),
-    executor_def=in_process_executor,
-    description="Primary-key uniqueness and non-null (base and merged view), schema conformance, "
-    "WAL-replay recovery per shard, row-count reconciliation and a SIGKILL recovery drill.",
-)
-
-demo_job = define_asset_job(
-    "demo_job",
-    selection=_assets(
-        "landing_changes",
-        "ingested_changes",
-        "flushed_generations",
-        "merged_base",
-        "garbage_collected",
-        "table_summary",
-    ),
-    tags=WRITER_TAGS,
-    executor_def=in_process_executor,
-    config={
-        "ops": {
-            "flushed_generations": {"config": {"idle_seconds": 0}},
-            "garbage_collected": {
-                "config": {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "version_retention_hours": 0}
-            },
-        }
-    },
-    description="End to end on the default table: generate a change stream, ingest it with Spark, "
-    "flush, merge into the base (after the merge guards), collect garbage, and summarize "
-    "the merged view.",
-)
-
-all_jobs = [
+all_jobs = table_jobs(DEFAULT_TABLE)
+"""The default table's jobs."""
+(
     ingest_job,
     continuous_ingest_job,
     add_columns_job,
@@ -124,4 +153,4 @@ all_jobs = [
     gc_job,
     quality_job,
     demo_job,
-]
+) = all_jobs

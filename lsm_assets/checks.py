@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 
 from dagster import (
     AssetCheckEvaluation,
+    AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
@@ -36,17 +37,19 @@ from dagster import (
 )
 from pydantic import Field
 
+from resources.declared_table import DeclaredTable
 from resources.gx_resource import GreatExpectationsResource
-from resources.table_resource import LsmTableResource
+
+from .table_context import DEFAULT_TABLE, GX_RESOURCE, TABLE_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from resources.lsm import LsmTable
 
-INGESTED = AssetKey("ingested_changes")
-FLUSHED = AssetKey("flushed_generations")
-MERGED = AssetKey("merged_base")
+INGESTED = "ingested_changes"
+FLUSHED = "flushed_generations"
+MERGED = "merged_base"
 
 
 # ------------------------------------------------------------ primary keys
@@ -57,7 +60,7 @@ class KeyCheck:
     """A GX expectation on the primary-key columns of one level of the table."""
 
     name: str
-    asset: AssetKey
+    asset: str
     level: Literal["merged_view", "base"]
     expectation: Literal["keys_unique", "keys_not_null"]
     description: str
@@ -105,10 +108,16 @@ class KeyCheck:
             },
         )
 
-    def definition(self) -> AssetChecksDefinition:
-        @asset_check(name=self.name, asset=self.asset, blocking=True, description=self.description)
-        def _check(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
-            return self.evaluate(lsm_table.open(), gx)
+    def definition(self, table: DeclaredTable) -> AssetChecksDefinition:
+        @asset_check(
+            name=self.name,
+            asset=table.asset_key(self.asset),
+            blocking=True,
+            description=self.description,
+            required_resource_keys={table.resource_key(TABLE_RESOURCE), GX_RESOURCE},
+        )
+        def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
+            return self.evaluate(open_table(context, table), context.resources.gx)
 
         return _check
 
@@ -146,27 +155,29 @@ KEY_CHECKS = [
     ),
 ]
 
-(
-    merged_view_primary_key_unique,
-    merged_view_primary_key_not_null,
-    base_primary_key_unique,
-    base_primary_key_not_null,
-) = (check.definition() for check in KEY_CHECKS)
+
+def _schema_conforms(declared: DeclaredTable) -> AssetChecksDefinition:
+    @asset_check(
+        name="schema_conforms",
+        asset=declared.asset_key(INGESTED),
+        blocking=True,
+        description=(
+            "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
+            "the merged view has the table's columns in order (GX); every pending generation and unflushed "
+            "WAL entry has the table's columns and types plus _tombstone."
+        ),
+        required_resource_keys={declared.resource_key(TABLE_RESOURCE), GX_RESOURCE},
+    )
+    def schema_conforms(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        return _conformance(open_table(context, declared), context.resources.gx)
+
+    return schema_conforms
 
 
-@asset_check(
-    asset=INGESTED,
-    blocking=True,
-    description=(
-        "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
-        "the merged view has the table's columns in order (GX); every pending generation and unflushed "
-        "WAL entry has the table's columns and types plus _tombstone."
-    ),
-)
-def schema_conforms(lsm_table: LsmTableResource, gx: GreatExpectationsResource) -> AssetCheckResult:
+def _conformance(table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
+    """The ``schema_conforms`` result for ``table``."""
     from resources.lsm.quality.recovery_checks import verify_shards
 
-    table = lsm_table.open()
     problems = _key_problems(table)
     columns = table.schema.names
     levels = [f.message for s in verify_shards(table) for f in s.errors if "columns" in f.message]
@@ -222,17 +233,23 @@ def _key_problems(table: "LsmTable") -> list[str]:
 # ------------------------------------------------------------ shard state
 
 
-@asset_check(
-    asset=FLUSHED,
-    blocking=True,
-    description=(
-        "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation above "
-        "the compacted marker listed, opening, with the manifest's physical row count; WAL entries after the "
-        "replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan directories warn."
-    ),
-)
-def shards_recoverable(lsm_table: LsmTableResource) -> AssetCheckResult:
-    return _recoverable(lsm_table.open())
+def _shards_recoverable(declared: DeclaredTable) -> AssetChecksDefinition:
+    @asset_check(
+        name="shards_recoverable",
+        asset=declared.asset_key(FLUSHED),
+        blocking=True,
+        description=(
+            "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation "
+            "above the compacted marker listed, opening, with the manifest's physical row count; WAL entries "
+            "after the replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan "
+            "directories warn."
+        ),
+        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+    )
+    def shards_recoverable(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        return _recoverable(open_table(context, declared))
+
+    return shards_recoverable
 
 
 def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCheckResult:
@@ -284,21 +301,34 @@ class DrillCheckConfig(ScratchConfig):
     batches_per_generation: int = Field(default=3, description="Batches between the writer's flushes.")
 
 
-@asset_check(
-    asset=MERGED,
-    description=(
-        "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
-        "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
-        "change when it is flushed and merged."
-    ),
-)
-def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> AssetCheckResult:
+def _row_count_reconciles(declared: DeclaredTable) -> AssetChecksDefinition:
+    @asset_check(
+        name="row_count_reconciles",
+        asset=declared.asset_key(MERGED),
+        description=(
+            "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
+            "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
+            "change when it is flushed and merged."
+        ),
+        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+    )
+    def row_count_reconciles(
+        context: AssetCheckExecutionContext,
+        config: config_with_defaults(ScratchConfig, declared, sample_rows=declared.quality.sample_rows),  # type: ignore[valid-type]
+    ) -> AssetCheckResult:
+        return _reconciliation(open_table(context, declared), config)
+
+    return row_count_reconciles
+
+
+def _reconciliation(table: "LsmTable", config: ScratchConfig) -> AssetCheckResult:
+    """The ``row_count_reconciles`` result for ``table``."""
     from resources.lsm.quality.reconciliation import probe_reconciliation
     from resources.lsm.quality.scratch import scratch_sample
 
     seed = _seed(config.seed)
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-reconcile-") as scratch:
-        sample = scratch_sample(lsm_table.open(), f"{scratch}/table.lance", config.sample_rows)
+        sample = scratch_sample(table, f"{scratch}/table.lance", config.sample_rows)
         steps = probe_reconciliation(sample, seed=seed)
     metadata = {"seed": seed, "sample_rows": config.sample_rows}
     for step in steps:
@@ -313,16 +343,29 @@ def row_count_reconciles(lsm_table: LsmTableResource, config: ScratchConfig) -> 
     return AssetCheckResult(passed=all(s.passed for s in steps), metadata=metadata)
 
 
-@asset_check(
-    asset=MERGED,
-    description=(
-        "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
-        "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
-        "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
-        "in-flight batch is applied atomically per key or not at all."
-    ),
-)
-def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> AssetCheckResult:
+def _recovery_drill(declared: DeclaredTable) -> AssetChecksDefinition:
+    @asset_check(
+        name="recovery_drill",
+        asset=declared.asset_key(MERGED),
+        description=(
+            "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
+            "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
+            "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
+            "in-flight batch is applied atomically per key or not at all."
+        ),
+        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+    )
+    def recovery_drill(
+        context: AssetCheckExecutionContext,
+        config: config_with_defaults(DrillCheckConfig, declared, sample_rows=declared.quality.sample_rows),  # type: ignore[valid-type]
+    ) -> AssetCheckResult:
+        return _drill(open_table(context, declared), config)
+
+    return recovery_drill
+
+
+def _drill(table: "LsmTable", config: DrillCheckConfig) -> AssetCheckResult:
+    """The ``recovery_drill`` result for ``table``."""
     from resources.lsm.quality.recovery_drill import DrillConfig, run_drill
 
     drill = DrillConfig(
@@ -333,7 +376,7 @@ def recovery_drill(lsm_table: LsmTableResource, config: DrillCheckConfig) -> Ass
         sample_rows=config.sample_rows,
     )
     with tempfile.TemporaryDirectory(dir=config.scratch_dir, prefix="lsm-drill-") as scratch:
-        report = run_drill(lsm_table.open(), scratch, drill)
+        report = run_drill(table, scratch, drill)
     return AssetCheckResult(
         passed=report.passed,
         metadata={
@@ -363,7 +406,22 @@ def _seed(seed: int | None) -> int:
     return secrets.randbelow(2**31) if seed is None else seed
 
 
-all_checks = [
+def table_checks(table: DeclaredTable) -> list[AssetChecksDefinition]:
+    """Every data-quality check of ``table``, on its own assets."""
+    key_checks = [check.definition(table) for check in KEY_CHECKS]
+    return [
+        *key_checks[:2],
+        _schema_conforms(table),
+        *key_checks[2:],
+        _shards_recoverable(table),
+        _row_count_reconciles(table),
+        _recovery_drill(table),
+    ]
+
+
+all_checks = table_checks(DEFAULT_TABLE)
+"""The default table's checks."""
+(
     merged_view_primary_key_unique,
     merged_view_primary_key_not_null,
     schema_conforms,
@@ -372,7 +430,7 @@ all_checks = [
     shards_recoverable,
     row_count_reconciles,
     recovery_drill,
-]
+) = all_checks
 
 
 # ------------------------------------------------------------- merge guards
@@ -381,7 +439,9 @@ MERGE_GUARDS = ("base_primary_key_unique", "base_primary_key_not_null", "shards_
 """Blocking checks that must pass before a merge into the base."""
 
 
-def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", buckets: list[int] | None) -> None:
+def enforce_merge_guards(
+    context: AssetExecutionContext, table: "LsmTable", buckets: list[int] | None, flushed: AssetKey
+) -> None:
     """Evaluate the :data:`MERGE_GUARDS`, scoped to the change, and record them on ``flushed_generations``.
 
     The key checks cover the rows appended to the base since the last merge
@@ -398,7 +458,7 @@ def enforce_merge_guards(context: AssetExecutionContext, table: "LsmTable", buck
     for name, result in results.items():
         context.log_event(
             AssetCheckEvaluation(
-                asset_key=FLUSHED,
+                asset_key=flushed,
                 check_name=name,
                 passed=result.passed,
                 metadata=result.metadata,

@@ -1,22 +1,38 @@
 """Ingestion: landing files → Spark → shard writers (WAL + MemTable)."""
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, MetadataValue, OpExecutionContext, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Config,
+    MaterializeResult,
+    MetadataValue,
+    OpExecutionContext,
+    asset,
+)
 from pydantic import Field
 
+from resources.declared_table import (
+    BackpressureMode,
+    CdcFormatConfig,
+    ChangedFiles,
+    DeclaredTable,
+    DemoDeclaration,
+    LandingRetention,
+)
 from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.settings import landing_dir, quarantine_dir
-from resources.spark import SparkResource
-from resources.table_resource import LsmTableResource
+
+from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, TABLE_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from resources.lsm import LsmTable
-    from resources.lsm.ingest.cdc import CdcFormat
-    from resources.lsm.ingest.landing import LandingPolicy
+    from resources.lsm.ingest.landing import LandingPolicy, LandingRetention as LandingRetentionPolicy
     from resources.lsm.spark.ingest import IngestReport
 
 
@@ -28,43 +44,10 @@ class LandingChangesConfig(Config):
     delete_ratio: float = Field(default=0.1, description="Share of rows deleting existing keys.")
     reinsert_ratio: float = Field(default=0.05, description="Share of rows bringing deleted keys back.")
     malformed_rows: int = Field(default=0, description="Rows per file that ingestion must quarantine.")
-    file_format: str = Field(default="parquet", description="parquet, jsonl or csv.")
+    file_format: Literal["parquet", "jsonl", "csv", "debezium"] = Field(
+        default="parquet", description="parquet, jsonl, csv, or debezium (JSON Lines of Debezium envelopes)."
+    )
     seed: int = Field(default=7, description="Random seed.")
-
-
-class CdcFormatConfig(Config):
-    """Landing files holding CDC records (see ``resources/lsm/ingest/cdc.py``)."""
-
-    suffix: str = Field(
-        default="", description="File-name suffix these files end with; '' for every file of the landing directory."
-    )
-    kind: str = Field(default="debezium", description="'debezium' (envelopes) or 'generic' (flat rows).")
-    order_by: str = Field(
-        default="source.lsn", description="Debezium: dotted path ordering the changes (source.lsn, ts_ms...)."
-    )
-    op_column: str = Field(default="op", description="Generic: the column holding the operation.")
-    delete_values: list[str] = Field(
-        default=["d", "D", "delete", "DELETE"], description="Generic: op values meaning delete."
-    )
-    upsert_values: list[str] = Field(
-        default=[], description="Generic: op values meaning upsert (empty: every other value)."
-    )
-    order_columns: list[str] = Field(default=[], description="Generic: columns ordering the changes.")
-    drop_columns: list[str] = Field(default=[], description="Generic: the CDC tool's own columns, dropped.")
-
-    def cdc_format(self) -> "tuple[str, CdcFormat]":
-        from resources.lsm.ingest.cdc import CdcFormat
-
-        fmt = CdcFormat(
-            self.kind,  # type: ignore[arg-type]  # checked by CdcFormat
-            self.order_by,
-            self.op_column,
-            tuple(self.delete_values),
-            tuple(self.upsert_values),
-            tuple(self.order_columns),
-            tuple(self.drop_columns),
-        )
-        return self.suffix, fmt
 
 
 class IngestConfig(Config):
@@ -74,13 +57,13 @@ class IngestConfig(Config):
         default=BackpressurePolicy.stop_generations,
         description=("Backpressure: stop ingesting while a shard has this many generations awaiting merge."),
     )
-    backpressure: str = Field(
+    backpressure: BackpressureMode = Field(
         default=BackpressurePolicy.mode, description="'wait' for merges to catch up, or 'fail' fast."
     )
     max_wait_seconds: float = Field(
         default=BackpressurePolicy.max_wait_seconds, description="Longest backpressure wait before failing."
     )
-    landing_retention: str = Field(
+    landing_retention: LandingRetention = Field(
         default="archive",
         description=(
             "What happens to a landing file once its rows are durable and it is recorded: 'archive' (moved to "
@@ -94,7 +77,7 @@ class IngestConfig(Config):
         default=[""],
         description="Unquoted CSV fields read as null (default: the empty field only; NA, null, nan stay text).",
     )
-    changed_files: str = Field(
+    changed_files: ChangedFiles = Field(
         default="skip",
         description=(
             "A file landed again under an ingested name with another size is always reported; 'skip' leaves it "
@@ -118,27 +101,57 @@ class IngestConfig(Config):
     )
 
     def backpressure_policy(self) -> BackpressurePolicy:
-        if self.backpressure not in ("wait", "fail"):
-            raise ValueError(f"backpressure must be 'wait' or 'fail', not {self.backpressure!r}")
         return BackpressurePolicy(self.stop_generations, self.backpressure, self.max_wait_seconds)
 
     def landing_policy(self) -> "LandingPolicy":
+        from resources.lsm.ingest.cdc import CdcFormat
         from resources.lsm.ingest.landing import LandingPolicy
 
-        if self.changed_files not in ("skip", "ingest"):
-            raise ValueError(f"changed_files must be 'skip' or 'ingest', not {self.changed_files!r}")
+        cdc_formats = tuple(
+            (
+                c.suffix,
+                CdcFormat(
+                    c.kind,
+                    c.order_by,
+                    c.op_column,
+                    tuple(c.delete_values),
+                    tuple(c.upsert_values),
+                    tuple(c.order_columns),
+                    tuple(c.drop_columns),
+                ),
+            )
+            for c in self.cdc_formats
+        )
         return LandingPolicy(
-            tuple(self.csv_null_markers),
-            self.changed_files,  # type: ignore[arg-type]
-            self.settle_seconds,
-            tuple(c.cdc_format() for c in self.cdc_formats),
-            self.auto_evolve,
+            tuple(self.csv_null_markers), self.changed_files, self.settle_seconds, cdc_formats, self.auto_evolve
         )
 
+    def landing_retention_policy(self) -> "LandingRetentionPolicy":
+        from resources.lsm.ingest.landing import LandingRetention as LandingRetentionPolicy
 
-def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) -> dict[str, Any]:
-    """Write the configured change stream into the landing directory; return its metadata."""
-    from resources.lsm.testing.changegen import ChangeStreamSpec, write_landing_files
+        return LandingRetentionPolicy(self.landing_retention, self.archive_max_age_hours * 3600)
+
+
+def ingest_defaults(table: DeclaredTable) -> dict[str, Any]:
+    """``table``'s declared landing settings, as :class:`IngestConfig` defaults."""
+    landing = table.landing
+    return {
+        "landing_dir": table.landing_dir,
+        "quarantine_dir": table.quarantine_dir,
+        "landing_retention": landing.retention,
+        "archive_max_age_hours": landing.archive_max_age_hours,
+        "csv_null_markers": landing.csv_null_markers,
+        "changed_files": landing.changed_files,
+        "settle_seconds": landing.settle_seconds,
+        "cdc_formats": landing.cdc,
+    }
+
+
+def write_landing(
+    context: AssetExecutionContext, config: LandingChangesConfig, table: DeclaredTable, schema: "pa.Schema"
+) -> dict[str, Any]:
+    """Write the configured change stream of ``schema`` into ``table``'s landing directory; return its metadata."""
+    from resources.lsm.testing.changegen import ChangeStreamSpec, write_table_landing_files
 
     spec = ChangeStreamSpec(
         num_keys=config.num_keys,
@@ -149,15 +162,24 @@ def write_landing(context: AssetExecutionContext, config: LandingChangesConfig) 
         reinsert_ratio=config.reinsert_ratio,
         seed=config.seed,
     )
-    prefix = f"changes-{time.time_ns()}"
-    batches = write_landing_files(spec, landing_dir(), config.file_format, config.malformed_rows, prefix)
+    directory = table.landing_dir
+    batches = write_table_landing_files(
+        schema,
+        table.primary_key,
+        spec,
+        directory,
+        config.file_format,
+        malformed_per_file=config.malformed_rows,
+        prefix=f"changes-{time.time_ns()}",
+        storage_options=table.storage_options,
+    )
     rows = sum(b.num_rows for b in batches)
-    context.log.info(f"wrote {len(batches)} {config.file_format} files ({rows} rows) to {landing_dir()}")
+    context.log.info(f"wrote {len(batches)} {config.file_format} files ({rows} rows) to {directory}")
     return {
         "files": len(batches),
         "rows": rows,
         "malformed_rows": config.malformed_rows * len(batches),
-        "landing_dir": MetadataValue.path(landing_dir()),
+        "landing_dir": MetadataValue.path(directory),
     }
 
 
@@ -182,11 +204,6 @@ def ingest(
     from resources.lsm.spark.ingest import ingest_landing_files
 
     waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
-    from resources.lsm.ingest.landing import LandingRetention
-
-    if config.landing_retention not in ("archive", "delete", "keep"):
-        raise ValueError(f"landing_retention must be 'archive', 'delete' or 'keep', not {config.landing_retention!r}")
-    retention = LandingRetention(config.landing_retention, config.archive_max_age_hours * 3600)  # type: ignore[arg-type]
     report = ingest_landing_files(
         spark,
         table.uri,
@@ -195,7 +212,7 @@ def ingest(
         run_id=context.run.run_id,
         writers=writers,
         max_files=max_files,
-        retention=retention,
+        retention=config.landing_retention_policy(),
         storage_options=table.storage_options,
         policy=config.landing_policy(),
     )
@@ -251,24 +268,62 @@ def _problem_metadata(report: "IngestReport") -> dict[str, Any]:
     return metadata
 
 
-@asset(group_name="ingestion", kinds={"python", "parquet"})
-def landing_changes(context: AssetExecutionContext, config: LandingChangesConfig) -> MaterializeResult:
-    """A generated change stream written as landing files (upserts, deletes, re-inserts,
-    out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
-    return MaterializeResult(metadata=write_landing(context, config))
+def ingestion_assets(table: DeclaredTable) -> list[AssetsDefinition]:
+    """``table``'s ingestion assets: ``ingested_changes``, after ``landing_changes`` when it has demo data."""
+    landing = [_landing_changes(table)] if table.demo else []
+    return [*landing, _ingested_changes(table, deps=landing)]
 
 
-@asset(group_name="ingestion", deps=[landing_changes], kinds={"spark", "lance"})
-def ingested_changes(
-    context: AssetExecutionContext, config: IngestConfig, spark: SparkResource, lsm_table: LsmTableResource
-) -> MaterializeResult:
-    """Every pending landing file, validated, routed by Lance's hash and made durable in
-    the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
-    file, row and reason; a file is recorded as ingested only after its rows are durable."""
-    metadata = ingest(context, config, spark.spark_session, lsm_table.open())
-    if not metadata["files"]:
-        context.log.info(f"no pending landing files in {config.landing_dir}")
-    return MaterializeResult(metadata=metadata)
+def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
+    demo = table.demo or DemoDeclaration()
+    config_class = config_with_defaults(
+        LandingChangesConfig,
+        table,
+        num_keys=demo.num_keys,
+        num_batches=demo.num_batches,
+        batch_size=demo.batch_size,
+        file_format=demo.format,
+    )
+
+    @asset(
+        key=table.asset_key("landing_changes"),
+        group_name=table.group,
+        kinds={"python", "parquet"},
+        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+    )
+    def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:  # type: ignore[valid-type]
+        """A generated change stream of the table's columns written as landing files (upserts, deletes,
+        re-inserts, out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
+        schema = open_table(context, table).schema
+        return MaterializeResult(metadata=write_landing(context, config, table, schema))
+
+    return landing_changes
+
+
+def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> AssetsDefinition:
+    @asset(
+        key=table.asset_key("ingested_changes"),
+        group_name=table.group,
+        deps=deps,
+        kinds={"spark", "lance"},
+        required_resource_keys={table.resource_key(TABLE_RESOURCE), SPARK_RESOURCE},
+    )
+    def ingested_changes(
+        context: AssetExecutionContext,
+        config: config_with_defaults(IngestConfig, table, **ingest_defaults(table)),  # type: ignore[valid-type]
+    ) -> MaterializeResult:
+        """Every pending landing file, validated, routed by Lance's hash and made durable in
+        the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
+        file, row and reason; a file is recorded as ingested only after its rows are durable."""
+        metadata = ingest(context, config, context.resources.spark.spark_session, open_table(context, table))
+        if not metadata["files"]:
+            context.log.info(f"no pending landing files in {config.landing_dir}")
+        return MaterializeResult(metadata=metadata)
+
+    return ingested_changes
+
+
+landing_changes, ingested_changes = ingestion_assets(DEFAULT_TABLE)
 
 
 def log_report(

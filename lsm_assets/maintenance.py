@@ -11,15 +11,16 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from dagster import AssetExecutionContext, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
 from pydantic import Field
 
+from resources.declared_table import DeclaredTable
 from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
-from resources.table_resource import LsmTableResource
 
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
+from .table_context import DEFAULT_TABLE, TABLE_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardCompaction, ShardState
@@ -83,13 +84,15 @@ def shard_metadata(per_shard: dict[int, dict[str, float]], totals: dict[str, Any
 # ------------------------------------------------------------------------- flush
 
 
-def flush_shards(context: AssetExecutionContext, table: "LsmTable", config: FlushConfig) -> dict[str, Any]:
+def flush_shards(
+    context: AssetExecutionContext, table: "LsmTable", config: FlushConfig, table_name: str
+) -> dict[str, Any]:
     """Flush the selected shards' unflushed WAL into generations (in parallel), skipping live writers.
 
     Then store each selected shard's pending run (the read shortcut over its
     pending generations, rebuilt only if it changed).
     """
-    live_runs = live_writer_runs(context.instance, exclude_run_id=context.run.run_id)
+    live_runs = live_writer_runs(context.instance, table_name, exclude_run_id=context.run.run_id)
     to_flush = [
         s
         for s in selected_shards(table, config.shards)
@@ -137,14 +140,21 @@ def _quiet(context: AssetExecutionContext, state: "ShardState", live_runs: list[
     return True
 
 
-@asset(group_name="maintenance", deps=[ingested_changes], kinds={"lance"})
-def flushed_generations(
-    context: AssetExecutionContext, config: FlushConfig, lsm_table: LsmTableResource
-) -> MaterializeResult:
-    """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
-    a new writer and flushed into a generation, and each shard's pending generations
-    resolved into a stored pending run for readers. Shards with a live writer are not flushed."""
-    return MaterializeResult(metadata=flush_shards(context, lsm_table.open(), config))
+def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> AssetsDefinition:
+    @asset(
+        key=table.asset_key("flushed_generations"),
+        group_name=table.group,
+        deps=[ingested],
+        kinds={"lance"},
+        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+    )
+    def flushed_generations(context: AssetExecutionContext, config: FlushConfig) -> MaterializeResult:
+        """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
+        a new writer and flushed into a generation, and each shard's pending generations
+        resolved into a stored pending run for readers. Shards with a live writer are not flushed."""
+        return MaterializeResult(metadata=flush_shards(context, open_table(context, table), config, table.name))
+
+    return flushed_generations
 
 
 # ------------------------------------------------------------------------- merge
@@ -196,15 +206,25 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
     }
 
 
-@asset(group_name="maintenance", deps=[flushed_generations], kinds={"lance"}, pool="lsm_merge")
-def merged_base(context: AssetExecutionContext, config: MergeConfig, lsm_table: LsmTableResource) -> MaterializeResult:
-    """The base table with shards' flushed generations merged in: newest wins, tombstones
-    become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
-    The merge guards run first; a failed guard stops the run before anything is merged."""
-    table = lsm_table.open()
-    shards = selected_shards(table, config.shards)
-    enforce_merge_guards(context, table, [s.bucket for s in shards])
-    return MaterializeResult(metadata=merge_shards(context, table, shards, config.max_rows_per_pass))
+def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefinition:
+    @asset(
+        key=table.asset_key("merged_base"),
+        group_name=table.group,
+        deps=[flushed],
+        kinds={"lance"},
+        pool=f"lsm_merge/{table.name}",
+        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+    )
+    def merged_base(context: AssetExecutionContext, config: MergeConfig) -> MaterializeResult:
+        """The base table with shards' flushed generations merged in: newest wins, tombstones
+        become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
+        The merge guards run first; a failed guard stops the run before anything is merged."""
+        lsm = open_table(context, table)
+        shards = selected_shards(lsm, config.shards)
+        enforce_merge_guards(context, lsm, [s.bucket for s in shards], flushed.key)
+        return MaterializeResult(metadata=merge_shards(context, lsm, shards, config.max_rows_per_pass))
+
+    return merged_base
 
 
 # ---------------------------------------------------------------------------- gc
@@ -229,13 +249,39 @@ def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: G
     return metadata
 
 
-@asset(group_name="maintenance", deps=[merged_base], kinds={"lance"})
-def garbage_collected(
-    context: AssetExecutionContext, config: GcConfig, lsm_table: LsmTableResource
-) -> MaterializeResult:
-    """Storage reclaimed: merged generations no retained base version needs, consumed WAL
-    entries, orphan generation directories past their grace period, old base versions, retired pending runs."""
-    return MaterializeResult(metadata=collect_garbage(context, lsm_table.open(), config))
+def _garbage_collected(table: DeclaredTable, merged: AssetsDefinition) -> AssetsDefinition:
+    gc = table.gc
+    config_class = config_with_defaults(
+        GcConfig,
+        table,
+        orphan_grace_seconds=gc.orphan_grace_seconds,
+        wal_grace_seconds=gc.wal_grace_seconds,
+        version_retention_hours=gc.version_retention_hours,
+    )
+
+    @asset(
+        key=table.asset_key("garbage_collected"),
+        group_name=table.group,
+        deps=[merged],
+        kinds={"lance"},
+        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+    )
+    def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:  # type: ignore[valid-type]
+        """Storage reclaimed: merged generations no retained base version needs, consumed WAL
+        entries, orphan generation directories past their grace period, old base versions, retired pending runs."""
+        return MaterializeResult(metadata=collect_garbage(context, open_table(context, table), config))
+
+    return garbage_collected
+
+
+def maintenance_assets(table: DeclaredTable, ingested: AssetsDefinition) -> list[AssetsDefinition]:
+    """``table``'s flush, merge and GC assets, downstream of its ``ingested`` asset."""
+    flushed = _flushed_generations(table, ingested)
+    merged = _merged_base(table, flushed)
+    return [flushed, merged, _garbage_collected(table, merged)]
+
+
+flushed_generations, merged_base, garbage_collected = maintenance_assets(DEFAULT_TABLE, ingested_changes)
 
 
 def _sums(per_shard: dict[int, dict[str, float]], exclude: tuple[str, ...] = ()) -> dict[str, float]:

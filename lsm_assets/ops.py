@@ -6,16 +6,36 @@ adds nullable columns to the live table (schema evolution).
 """
 
 import time
+from typing import TYPE_CHECKING
 
-from dagster import AssetMaterialization, AssetObservation, Config, MetadataValue, OpExecutionContext, op
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetObservation,
+    Config,
+    MetadataValue,
+    OpDefinition,
+    OpExecutionContext,
+    op,
+)
 from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
-from resources.region_writer import RegionWriterResource
+from resources.declared_table import DeclaredTable
 from resources.spark import SparkResource
-from resources.table_resource import LsmTableResource
 
-from .ingestion import IngestConfig, ingest, ingested_changes
+from .ingestion import IngestConfig, ingest, ingest_defaults
+from .table_context import (
+    DEFAULT_TABLE,
+    REGION_WRITERS_RESOURCE,
+    SPARK_RESOURCE,
+    TABLE_RESOURCE,
+    config_with_defaults,
+    open_table,
+)
+
+if TYPE_CHECKING:
+    from resources.lsm import LsmTable
 
 
 class ContinuousIngestConfig(IngestConfig):
@@ -24,22 +44,37 @@ class ContinuousIngestConfig(IngestConfig):
     stop_after_idle_polls: int = Field(default=0, description="Stop after this many empty polls (0: never).")
 
 
-@op
-def ingest_continuously(
+def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
+    """The op of ``table``'s continuous ingestion job."""
+    writers_key = table.resource_key(REGION_WRITERS_RESOURCE)
+
+    @op(name=table.job_name("ingest_continuously"), required_resource_keys={writers_key, SPARK_RESOURCE})
+    def ingest_continuously(
+        context: OpExecutionContext,
+        config: config_with_defaults(ContinuousIngestConfig, table, **ingest_defaults(table)),  # type: ignore[valid-type]
+    ) -> None:
+        """Ingest landing files as they arrive until the run is terminated (or idle long enough).
+
+        Spark stages each micro-batch (read, validate, route, sort); its rows are
+        written here through region writers that stay open for the whole run, so no
+        generation is cut per micro-batch. Terminating the run is a planned stop:
+        the current micro-batch is either recorded or left for the next run, the
+        resource flushes and closes the writers, and the step ends successfully.
+        """
+        writers = getattr(context.resources, writers_key).table
+        spark = context.resources.spark
+        _ingest_until_stopped(context, config, spark, writers, AssetKey(table.asset_key("ingested_changes")))
+
+    return ingest_continuously
+
+
+def _ingest_until_stopped(
     context: OpExecutionContext,
     config: ContinuousIngestConfig,
-    region_writers: RegionWriterResource,
     spark: SparkResource,
+    table: "LsmTable",
+    ingested: AssetKey,
 ) -> None:
-    """Ingest landing files as they arrive until the run is terminated (or idle long enough).
-
-    Spark stages each micro-batch (read, validate, route, sort); its rows are
-    written here through region writers that stay open for the whole run, so no
-    generation is cut per micro-batch. Terminating the run is a planned stop:
-    the current micro-batch is either recorded or left for the next run, the
-    resource flushes and closes the writers, and the step ends successfully.
-    """
-    table = region_writers.table
     idle = batches = 0
     try:
         while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
@@ -52,7 +87,7 @@ def ingest_continuously(
                 continue
             idle, batches = 0, batches + 1
             # Each micro-batch shows up as a materialization of the ingested table.
-            context.log_event(AssetMaterialization(asset_key=ingested_changes.key, metadata=metadata))
+            context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate in the UI raises the first, Ctrl-C on the CLI the second:
         # both are an operator's planned stop, not a failure.
@@ -67,19 +102,27 @@ class AddColumnsConfig(Config):
     )
 
 
-@op
-def add_table_columns(context: OpExecutionContext, config: AddColumnsConfig, lsm_table: LsmTableResource) -> None:
-    """Add nullable columns to the live table; afterwards writes may carry them and every reader returns them.
+def add_columns_op(table: DeclaredTable) -> OpDefinition:
+    """The op of ``table``'s schema-evolution job."""
 
-    Runs ``LsmTable.add_columns``: fence every shard's writer, flush, merge
-    into the base, add the columns to the base, reopen. Each step is logged.
-    A run that fails or dies midway leaves a table a re-run completes (columns
-    already added are skipped), so retrying the run is always safe.
-    """
+    @op(name=table.job_name("add_table_columns"), required_resource_keys={table.resource_key(TABLE_RESOURCE)})
+    def add_table_columns(context: OpExecutionContext, config: AddColumnsConfig) -> None:
+        """Add nullable columns to the live table; afterwards writes may carry them and every reader returns them.
+
+        Runs ``LsmTable.add_columns``: fence every shard's writer, flush, merge
+        into the base, add the columns to the base, reopen. Each step is logged.
+        A run that fails or dies midway leaves a table a re-run completes (columns
+        already added are skipped), so retrying the run is always safe.
+        """
+        _add_columns(context, config, open_table(context, table), AssetKey(table.asset_key("ingested_changes")))
+
+    return add_table_columns
+
+
+def _add_columns(context: OpExecutionContext, config: AddColumnsConfig, table: "LsmTable", ingested: AssetKey) -> None:
     import pyarrow as pa
 
     fields = [pa.field(name, pa.type_for_alias(type_name)) for name, type_name in config.columns.items()]
-    table = lsm_table.open()
     try:
         added = table.add_columns(fields, on_step=lambda step: context.log.info(f"add_columns: {step}"))
     finally:
@@ -87,7 +130,11 @@ def add_table_columns(context: OpExecutionContext, config: AddColumnsConfig, lsm
     context.log.info(f"added {added or 'no'} columns; the table's columns are {table.schema.names}")
     context.log_event(
         AssetObservation(
-            asset_key=ingested_changes.key,
+            asset_key=ingested,
             metadata={"columns_added": MetadataValue.json(added), "schema": MetadataValue.json(table.schema.names)},
         )
     )
+
+
+ingest_continuously = continuous_ingest_op(DEFAULT_TABLE)
+add_table_columns = add_columns_op(DEFAULT_TABLE)

@@ -1,17 +1,26 @@
-"""Downstream readers: assets that consume the merged view."""
+"""Downstream readers: assets that consume the merged view.
 
-from typing import Any
+Every table gets a ``table_summary`` after maintenance; ``orders_by_status``
+is the default (demo) table's example of a downstream asset reading the
+merged view through the IO manager.
+"""
 
-from dagster import AssetExecutionContext, AssetIn, MaterializeResult, MetadataValue, asset
+from typing import TYPE_CHECKING, Any
 
-from resources.table_resource import LsmTableResource
+from dagster import AssetExecutionContext, AssetIn, AssetsDefinition, MaterializeResult, MetadataValue, asset
+
+from resources.declared_table import DeclaredTable
 
 from .ingestion import ingested_changes
 from .maintenance import garbage_collected
+from .table_context import DEFAULT_TABLE, TABLE_RESOURCE, open_table
+
+if TYPE_CHECKING:
+    from resources.lsm import LsmTable
 
 
 @asset(
-    group_name="reports",
+    group_name=DEFAULT_TABLE.group,
     kinds={"pandas"},
     ins={
         "orders": AssetIn(ingested_changes.key, input_manager_key="lsm_io_manager", metadata={"lsm/format": "pandas"})
@@ -28,10 +37,23 @@ def orders_by_status(orders: Any) -> MaterializeResult:
     return MaterializeResult(metadata=metadata)
 
 
-@asset(group_name="reports", deps=[garbage_collected], kinds={"lance"})
-def table_summary(context: AssetExecutionContext, lsm_table: LsmTableResource) -> MaterializeResult:
-    """The merged view's size and every shard's state, after maintenance."""
-    table = lsm_table.open()
+def _table_summary(table: DeclaredTable, collected: AssetsDefinition) -> AssetsDefinition:
+    @asset(
+        key=table.asset_key("table_summary"),
+        group_name=table.group,
+        deps=[collected],
+        kinds={"lance"},
+        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+    )
+    def table_summary(context: AssetExecutionContext) -> MaterializeResult:
+        """The merged view's size and every shard's state, after maintenance."""
+        return MaterializeResult(metadata=summarize(context, open_table(context, table)))
+
+    return table_summary
+
+
+def summarize(context: AssetExecutionContext, table: "LsmTable") -> dict[str, Any]:
+    """Log every shard's state and the merged view's size; return them as metadata."""
     shards = table.shards()
     live_rows = table.count()
     base_rows = table.dataset().count_rows()
@@ -42,11 +64,17 @@ def table_summary(context: AssetExecutionContext, lsm_table: LsmTableResource) -
             f"{s.unflushed_wal_entries} unflushed WAL entries"
         )
     context.log.info(f"merged view: {live_rows} live rows ({base_rows} in the base table) at {table.uri}")
-    return MaterializeResult(
-        metadata={
-            "live_rows": live_rows,
-            "base_rows": base_rows,
-            "pending_generations": sum(len(s.pending_generations) for s in shards),
-            "table_uri": MetadataValue.path(table.uri),
-        }
-    )
+    return {
+        "live_rows": live_rows,
+        "base_rows": base_rows,
+        "pending_generations": sum(len(s.pending_generations) for s in shards),
+        "table_uri": MetadataValue.path(table.uri),
+    }
+
+
+def report_assets(table: DeclaredTable, collected: AssetsDefinition) -> list[AssetsDefinition]:
+    """``table``'s reports: its summary after maintenance."""
+    return [_table_summary(table, collected)]
+
+
+(table_summary,) = report_assets(DEFAULT_TABLE, garbage_collected)

@@ -1,4 +1,4 @@
-"""``SparkResource``: the Spark session of a run, started only when a step asks for it.
+"""``SparkResource``: the Spark session of a run (dagster-pyspark's), started only when a step asks for it.
 
 ``SPARK_MASTER`` (default ``local[*]``) picks the cluster. Executors run the
 interpreter ``PYSPARK_PYTHON`` names (default: this one), so on one machine
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from dagster import ConfigurableResource, InitResourceContext
-from pydantic import Field, PrivateAttr
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
 
 from .settings import spark_master
 
@@ -80,25 +80,18 @@ def spark_session(master: str | None = None, extra_conf: dict[str, str] | None =
     return session
 
 
-class SparkResource(ConfigurableResource):
-    """A Spark session for the steps that need one, started on first use.
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazy Spark session, with the platform's settings and ``lance_lsm`` registered.
 
-    A run whose steps never touch :attr:`spark_session` starts no JVM, and
-    importing this module does not import PySpark.
+    A run whose steps never touch :attr:`spark_session` starts no JVM.
+    ``spark_config`` adds Spark settings to :func:`spark_conf`'s.
     """
 
     master: str = Field(default_factory=spark_master, description="Spark master URL (env SPARK_MASTER).")
-    extra_conf: dict[str, str] = Field(default_factory=dict, description="More Spark settings for the session.")
-    _session: SparkSession | None = PrivateAttr(default=None)
+    spark_config: dict[str, Any] = Field(default_factory=dict, description="More Spark settings for the session.")
 
-    @property
-    def spark_session(self) -> SparkSession:
-        """The session (started and ``lance_lsm`` registered on first access)."""
-        if self._session is None:
-            self._session = spark_session(self.master, self.extra_conf)
-        return self._session
-
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        # The session stays up for the process: tests and long-lived workers
-        # share it, and a run process ends right after its steps anyway.
-        self._session = None
+    def _init_session(self) -> None:
+        # The process's one session (see spark_session): tests and long-lived
+        # workers share it, and a run process ends right after its steps anyway.
+        if self._spark_session is None:
+            self._spark_session = spark_session(self.master, self.spark_config)

@@ -1,6 +1,5 @@
-"""When things run on their own: sensors and schedules."""
+"""When things run on their own: the maintenance sensors over every table, and each table's schedules."""
 
-from .maintenance import flush_sensor, gc_schedule, merge_sensor, quality_schedule
+from .maintenance import maintenance_sensors, table_schedules
 
-all_sensors = [flush_sensor, merge_sensor]
-all_schedules = [gc_schedule, quality_schedule]
+__all__ = ["maintenance_sensors", "table_schedules"]

@@ -1,25 +1,32 @@
-"""Sensors that flush and merge shards when they need it, and the maintenance schedules.
+"""Sensors that flush and merge every table's shards when they need it, and each table's schedules.
 
-Each sensor reads every shard's state once per tick, asks the engine's
-trigger (:mod:`resources.lsm.maintenance.policy`) about each, and requests at
-most ONE run for all the shards that need work, naming them in the run
-config: a round of maintenance costs one process, not one per shard. The
-``run_key`` joins the per-shard keys (each names the shard state that asked),
-so repeated ticks over the same state never request the same work twice.
-While a run of the same kind is queued or in progress the tick is skipped, so
-runs never pile up and two merges never run at once.
+One flush sensor and one merge sensor cover every table. Each tick reads the
+instance's unfinished runs once, then every table's shard states (in
+parallel, a table at a time on a thread), asks the table's trigger
+(:mod:`resources.lsm.maintenance.policy`) about each shard, and requests at
+most ONE run per table for all the shards that need work, naming them in the
+run config: a round of maintenance costs one process per table, not one per
+shard. The ``run_key`` joins the table name and the per-shard keys (each
+names the shard state that asked), so repeated ticks over the same state
+never request the same work twice. A table whose run of the same kind is
+queued or in progress is skipped, so runs never pile up and two merges of
+one table never run at once. A table that cannot be read (missing, broken
+storage) is logged and skipped; the other tables are served.
 
-Thresholds and the tick interval are the engine's defaults unless these
-environment variables (read when the definitions load) override them:
-``LSM_SENSOR_INTERVAL_SECONDS`` (30), ``LSM_MERGE_TRIGGER_GENERATIONS`` (4),
-``LSM_MERGE_TRIGGER_ROWS`` (1000000), ``LSM_MERGE_TRIGGER_AGE_SECONDS`` (600),
-``LSM_FLUSH_TRIGGER_AGE_SECONDS`` (300), ``LSM_FLUSH_TRIGGER_IDLE_SECONDS`` (60).
+Thresholds come from each table's declaration (``triggers``), else from
+these environment variables (read when the definitions load), else from the
+engine's defaults: ``LSM_SENSOR_INTERVAL_SECONDS`` (30),
+``LSM_MERGE_TRIGGER_GENERATIONS`` (4), ``LSM_MERGE_TRIGGER_ROWS`` (1000000),
+``LSM_MERGE_TRIGGER_AGE_SECONDS`` (600), ``LSM_FLUSH_TRIGGER_AGE_SECONDS``
+(300), ``LSM_FLUSH_TRIGGER_IDLE_SECONDS`` (60).
 """
 
 import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from dagster import (
@@ -35,12 +42,12 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from jobs import MAINTENANCE_TAG, flush_job, gc_job, merge_job, quality_job
-from lsm_assets.live_writers import live_writer_runs
+from jobs import AnyJob, maintenance_tags
+from lsm_assets.live_writers import WRITER_TAG
+from lsm_assets.table_context import TABLE_RESOURCE, table_resource
+from resources.declared_table import DeclaredTable
 from resources.lsm.maintenance.policy import Decision, FlushTrigger, MergeTrigger
-from resources.table_resource import LsmTableResource
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardState
@@ -52,6 +59,8 @@ _UNFINISHED = [
     DagsterRunStatus.STARTED,
     DagsterRunStatus.CANCELING,
 ]
+_READERS = 8
+"""Tables whose shard states one tick reads at once (object-store latency, not CPU, is the cost)."""
 
 
 def _env_number(name: str, default: float) -> float:
@@ -60,23 +69,42 @@ def _env_number(name: str, default: float) -> float:
     return float(value) if value else default
 
 
-def flush_trigger() -> FlushTrigger:
-    """The flush trigger: engine defaults, overridden by ``LSM_FLUSH_TRIGGER_*``."""
-    default = FlushTrigger()
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)
+
+
+def flush_trigger(table: DeclaredTable | None = None) -> FlushTrigger:
+    """``table``'s flush trigger: declared thresholds, else ``LSM_FLUSH_TRIGGER_*``, else the engine's."""
+    default, declared = FlushTrigger(), table.triggers.flush if table else None
     return FlushTrigger(
-        max_age_seconds=_env_number("LSM_FLUSH_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+        max_age_seconds=_first(
+            declared and declared.max_age_seconds,
+            _env_number("LSM_FLUSH_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+        ),
         max_bytes=default.max_bytes,
-        idle_seconds=_env_number("LSM_FLUSH_TRIGGER_IDLE_SECONDS", default.idle_seconds),
+        idle_seconds=_first(
+            declared and declared.idle_seconds, _env_number("LSM_FLUSH_TRIGGER_IDLE_SECONDS", default.idle_seconds)
+        ),
     )
 
 
-def merge_trigger() -> MergeTrigger:
-    """The merge trigger: engine defaults, overridden by ``LSM_MERGE_TRIGGER_*``."""
-    default = MergeTrigger()
+def merge_trigger(table: DeclaredTable | None = None) -> MergeTrigger:
+    """``table``'s merge trigger: declared thresholds, else ``LSM_MERGE_TRIGGER_*``, else the engine's."""
+    default, declared = MergeTrigger(), table.triggers.merge if table else None
     return MergeTrigger(
-        generations=int(_env_number("LSM_MERGE_TRIGGER_GENERATIONS", default.generations)),
-        pending_rows=int(_env_number("LSM_MERGE_TRIGGER_ROWS", default.pending_rows)),
-        max_age_seconds=_env_number("LSM_MERGE_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+        generations=int(
+            _first(
+                declared and declared.generations,
+                _env_number("LSM_MERGE_TRIGGER_GENERATIONS", default.generations),
+            )
+        ),
+        pending_rows=int(
+            _first(declared and declared.pending_rows, _env_number("LSM_MERGE_TRIGGER_ROWS", default.pending_rows))
+        ),
+        max_age_seconds=_first(
+            declared and declared.max_age_seconds,
+            _env_number("LSM_MERGE_TRIGGER_AGE_SECONDS", default.max_age_seconds),
+        ),
     )
 
 
@@ -98,103 +126,208 @@ def missing_pending_run(table: "LsmTable", state: "ShardState") -> Decision | No
     )
 
 
-def shard_sensor(
-    name: str,
-    job: UnresolvedAssetJobDefinition,
-    asset_name: str,
-    trigger: Trigger,
-    description: str,
-    skip_while_writing: bool = False,
-    interval_seconds: int = SENSOR_INTERVAL_SECONDS,
-    otherwise: Callable[["LsmTable", "ShardState"], Decision | None] | None = None,
-) -> SensorDefinition:
-    """A sensor requesting one run of ``job`` for all the shards where ``trigger`` decides so.
+@dataclass(frozen=True)
+class Maintenance:
+    """One kind of shard maintenance a sensor requests: its job, asset step and trigger per table.
 
-    The run's config sets ``shards`` on the ``asset_name`` step. With
-    ``skip_while_writing`` the whole tick is skipped while a run holding shard
-    writers is in progress. ``otherwise`` is asked about the shards the
-    trigger leaves alone.
+    With ``skip_while_writing`` a table is skipped while a run holding its
+    shard writers is in progress. ``otherwise`` is asked about the shards
+    the trigger leaves alone.
     """
-    kind = (job.tags or {}).get(MAINTENANCE_TAG, job.name)
+
+    kind: str
+    job: str
+    asset: str
+    trigger: Callable[[DeclaredTable], Trigger]
+    skip_while_writing: bool = False
+    otherwise: Callable[["LsmTable", "ShardState"], Decision | None] | None = None
+
+
+@dataclass
+class _Tick:
+    """What one tick found: run requests, the new cursor, and why tables were skipped."""
+
+    requests: list[RunRequest] = field(default_factory=list)
+    cursor: dict[str, dict[str, str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def maintenance_sensor(
+    name: str,
+    maintenance: Maintenance,
+    tables: list[DeclaredTable],
+    jobs: dict[str, AnyJob],
+    description: str,
+    interval_seconds: int = SENSOR_INTERVAL_SECONDS,
+) -> SensorDefinition:
+    """A sensor requesting, per table, one run of ``maintenance`` for all the shards that need it.
+
+    ``jobs`` holds every table's jobs by name (the sensor targets each table's ``maintenance.job``).
+    """
 
     @sensor(
         name=name,
-        job=job,
+        jobs=[jobs[t.job_name(maintenance.job)] for t in tables],
         minimum_interval_seconds=interval_seconds,
         description=description,
         default_status=DefaultSensorStatus.RUNNING,
+        required_resource_keys={t.resource_key(TABLE_RESOURCE) for t in tables},
     )
-    def _sensor(context: SensorEvaluationContext, lsm_table: LsmTableResource) -> SensorResult | SkipReason:
-        busy = _unfinished_runs(context, job.name)
-        if busy:
-            return SkipReason(f"{job.name} runs not finished yet ({', '.join(busy)}); they take what is pending")
-        if skip_while_writing:
-            live = live_writer_runs(context.instance)
-            if live:
-                return SkipReason(f"writer runs in progress ({', '.join(live)}); not claiming their shards")
-        now = time.time()
-        decisions = {}
-        table = lsm_table.open()
-        for state in table.shards():
-            decision = trigger.decide(state, now)
-            if decision is None and otherwise is not None:
-                decision = otherwise(table, state)
-            if decision is not None:
-                decisions[state.bucket] = decision
-                context.log.info(f"shard {state.bucket}: {decision.reason}")
-        if not decisions:
-            return SkipReason("no shard needs it (every shard is below the thresholds)")
-        buckets = sorted(decisions)
-        run_key = "|".join(decisions[b].key for b in buckets)
-        request = RunRequest(
-            run_key=run_key,
-            run_config={"ops": {asset_name: {"config": {"shards": buckets}}}},
-            tags={MAINTENANCE_TAG: kind, "lsm/shards": ",".join(map(str, buckets))},
-        )
-        cursor = json.dumps({str(b): decisions[b].key for b in buckets}, sort_keys=True)
-        return SensorResult(run_requests=[request], cursor=cursor)
+    def _sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        busy, writing = _runs_in_progress(context, maintenance, tables)
+        tick, now = _Tick(), time.time()
+        to_read = []
+        for table in tables:
+            if busy.get(table.name):
+                tick.skipped[table.name] = f"{maintenance.job} runs not finished yet ({', '.join(busy[table.name])})"
+            elif maintenance.skip_while_writing and writing.get(table.name):
+                tick.skipped[table.name] = f"writer runs in progress ({', '.join(writing[table.name])})"
+            else:
+                to_read.append(table)
+        with ThreadPoolExecutor(max_workers=_READERS) as pool:
+            found = pool.map(lambda t: _decide(context, maintenance, t, now), to_read)
+            for table, (decisions, problem) in zip(to_read, found, strict=True):
+                _add(context, tick, maintenance, table, decisions, problem)
+        if not tick.requests:
+            reasons = "; ".join(f"{t}: {r}" for t, r in tick.skipped.items())
+            return SkipReason(f"no table needs it ({reasons or 'every shard is below the thresholds'})")
+        return SensorResult(run_requests=tick.requests, cursor=json.dumps(tick.cursor, sort_keys=True))
 
     return _sensor
 
 
-def _unfinished_runs(context: SensorEvaluationContext, job_name: str) -> list[str]:
-    records = context.instance.get_run_records(RunsFilter(job_name=job_name, statuses=_UNFINISHED), limit=5)
-    return [r.dagster_run.run_id for r in records]
+def _runs_in_progress(
+    context: SensorEvaluationContext, maintenance: Maintenance, tables: list[DeclaredTable]
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Per table: unfinished runs of the maintenance job, and in-progress runs holding its writers.
+
+    One query of the instance per tick, whatever the number of tables.
+    """
+    table_of_job = {t.job_name(maintenance.job): t.name for t in tables}
+    busy: dict[str, list[str]] = {}
+    writing: dict[str, list[str]] = {}
+    for record in context.instance.get_run_records(RunsFilter(statuses=_UNFINISHED), limit=1000):
+        run = record.dagster_run
+        if run.job_name in table_of_job:
+            busy.setdefault(table_of_job[run.job_name], []).append(run.run_id)
+        if WRITER_TAG in run.tags and run.status != DagsterRunStatus.QUEUED:
+            writing.setdefault(run.tags[WRITER_TAG], []).append(run.run_id)
+    return busy, writing
 
 
-flush_sensor = shard_sensor(
-    "flush_sensor",
-    flush_job,
-    "flushed_generations",
-    flush_trigger(),
-    "Flushes the shards whose WAL holds data no generation has (crashed or idle writers): "
-    "older than 5 minutes or over 64 MiB, and untouched for 60 s; and builds the pending run "
-    "(readers' shortcut) of shards whose pending generations have none.",
-    skip_while_writing=True,
-    otherwise=missing_pending_run,
-)
+def _decide(
+    context: SensorEvaluationContext, maintenance: Maintenance, table: DeclaredTable, now: float
+) -> tuple[dict[int, Decision], str | None]:
+    """The shards of ``table`` that need ``maintenance`` now, or why the table could not be read."""
+    from resources.lsm import LsmTable, TableNotFoundError
 
-merge_sensor = shard_sensor(
-    "merge_sensor",
-    merge_job,
-    "merged_base",
-    merge_trigger(),
-    "Merges the shards with 4 pending generations, 1M pending rows, or a generation 10 minutes old "
-    "into the base, in one run.",
-)
+    resource = table_resource(context, table)
+    try:
+        lsm = LsmTable.open(resource.uri, storage_options=resource.storage_options)
+        trigger = maintenance.trigger(table)
+        decisions = {}
+        for state in lsm.shards():
+            decision = trigger.decide(state, now)
+            if decision is None and maintenance.otherwise is not None:
+                decision = maintenance.otherwise(lsm, state)
+            if decision is not None:
+                decisions[state.bucket] = decision
+        return decisions, None
+    except TableNotFoundError:
+        return {}, "no table yet (created by its first run)"
+    except Exception as error:
+        return {}, f"cannot read its state: {type(error).__name__}: {error}"
 
-gc_schedule = ScheduleDefinition(
-    name="gc_schedule",
-    job=gc_job,
-    cron_schedule="*/30 * * * *",
-    default_status=DefaultScheduleStatus.RUNNING,
-    description="Garbage-collects merged generations, consumed WAL and old versions every 30 minutes.",
-)
 
-quality_schedule = ScheduleDefinition(
-    name="quality_schedule",
-    job=quality_job,
-    cron_schedule="17 3 * * *",
-    default_status=DefaultScheduleStatus.STOPPED,
-    description="Runs every data-quality check once a day (off by default: the checks scan the whole table).",
-)
+def _add(
+    context: SensorEvaluationContext,
+    tick: _Tick,
+    maintenance: Maintenance,
+    table: DeclaredTable,
+    decisions: dict[int, Decision],
+    problem: str | None,
+) -> None:
+    """Record ``table``'s outcome in ``tick``: a run request for its shards, or why there is none."""
+    if problem is not None:
+        context.log.warning(f"{table.name}: {problem}")
+        tick.skipped[table.name] = problem
+        return
+    if not decisions:
+        tick.skipped[table.name] = "every shard is below the thresholds"
+        return
+    for bucket, decision in sorted(decisions.items()):
+        context.log.info(f"{table.name} shard {bucket}: {decision.reason}")
+    buckets = sorted(decisions)
+    step = "__".join(table.asset_key(maintenance.asset))
+    tick.requests.append(
+        RunRequest(
+            job_name=table.job_name(maintenance.job),
+            run_key=f"{table.name}|" + "|".join(decisions[b].key for b in buckets),
+            run_config={"ops": {step: {"config": {"shards": buckets}}}},
+            tags={**maintenance_tags(table, maintenance.kind), "lsm/shards": ",".join(map(str, buckets))},
+        )
+    )
+    tick.cursor[table.name] = {str(b): decisions[b].key for b in buckets}
+
+
+FLUSH = Maintenance("flush", "flush_job", "flushed_generations", flush_trigger, True, missing_pending_run)
+MERGE = Maintenance("merge", "merge_job", "merged_base", merge_trigger)
+
+
+def maintenance_sensors(tables: list[DeclaredTable], jobs: dict[str, AnyJob]) -> list[SensorDefinition]:
+    """The flush and merge sensors over ``tables``, whose jobs ``jobs`` holds by name."""
+    return [
+        maintenance_sensor(
+            "flush_sensor",
+            FLUSH,
+            tables,
+            jobs,
+            "Flushes, per table, the shards whose WAL holds data no generation has (crashed or idle writers) "
+            "once the table's flush trigger fires (by default: older than 5 minutes or over 64 MiB, and "
+            "untouched for 60 s), and builds the pending run (readers' shortcut) of shards whose pending "
+            "generations have none. Tables with a live writer run are skipped.",
+        ),
+        maintenance_sensor(
+            "merge_sensor",
+            MERGE,
+            tables,
+            jobs,
+            "Merges, per table, the shards at the table's merge trigger (by default: 4 pending generations, "
+            "1M pending rows, or a generation 10 minutes old) into the base, one run per table.",
+        ),
+    ]
+
+
+def table_schedules(table: DeclaredTable) -> list[ScheduleDefinition]:
+    """``table``'s GC schedule (unless declared off) and its quality schedule (if declared)."""
+    schedules = []
+    if table.gc.schedule:
+        schedules.append(
+            ScheduleDefinition(
+                name=table.job_name("gc_schedule"),
+                job_name=table.job_name("gc_job"),
+                cron_schedule=table.gc.schedule,
+                default_status=DefaultScheduleStatus.RUNNING,
+                description=f"Garbage-collects {table.name}'s merged generations, consumed WAL and old versions "
+                f"({table.gc.schedule}).",
+            )
+        )
+    quality_cron = table.quality.schedule or (DEFAULT_QUALITY_CRON if table.is_default else None)
+    quality_status = DefaultScheduleStatus.RUNNING if table.quality.schedule else DefaultScheduleStatus.STOPPED
+    if quality_cron:
+        schedules.append(
+            ScheduleDefinition(
+                name=table.job_name("quality_schedule"),
+                job_name=table.job_name("quality_job"),
+                cron_schedule=quality_cron,
+                default_status=quality_status,
+                description=f"Runs every data-quality check of {table.name} ({quality_cron})"
+                + ("" if table.quality.schedule else "; off by default: the checks scan the whole table")
+                + ".",
+            )
+        )
+    return schedules
+
+
+DEFAULT_QUALITY_CRON = "17 3 * * *"
+"""The default table's quality schedule (stopped unless turned on in the UI)."""

@@ -7,13 +7,16 @@ Used by the demo job, the tests and the benchmarks. Deterministic for a seed.
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
@@ -64,6 +67,31 @@ class ChangeStreamSpec:
 
 def generate_changes(spec: ChangeStreamSpec) -> Iterator[pa.Table]:
     """Yield ``spec.num_batches`` change batches of ``spec.schema`` + ``_op``/``_seq``."""
+    for rng, keys, ops, seqs in _key_stream(spec):
+        yield _batch(spec, rng, keys, ops, seqs)
+
+
+def generate_table_changes(schema: pa.Schema, primary_key: Sequence[str], spec: ChangeStreamSpec) -> Iterator[pa.Table]:
+    """Yield change batches of any table: ``schema``'s columns + ``_op``/``_seq``, the stream shape of ``spec``.
+
+    Keys follow the same upsert/delete/re-insert draws as :func:`generate_changes`;
+    key ``n`` becomes one value per key column (:func:`key_values`), other
+    columns get random values of their type (nullable ones 5% null).
+
+    Raises
+    ------
+    ValueError
+        Naming a column whose type has no generator.
+    """
+    for rng, keys, ops, seqs in _key_stream(spec):
+        columns = {**key_values(schema, primary_key, keys), **_random_values(schema, primary_key, rng, len(keys))}
+        columns[OP_COLUMN] = pa.array(ops)
+        columns[SEQ_COLUMN] = pa.array(seqs, pa.int64())
+        yield pa.table({name: columns[name] for name in [*schema.names, OP_COLUMN, SEQ_COLUMN]})
+
+
+def _key_stream(spec: ChangeStreamSpec) -> Iterator[tuple[np.random.Generator, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per batch: the generator, then keys, ops and ``_seq`` (out of order), drawn as ``spec`` says."""
     rng = np.random.default_rng(spec.seed)
     live, deleted = _KeyPool(), _KeyPool()
     next_new = seq = 0
@@ -89,18 +117,93 @@ def generate_changes(spec: ChangeStreamSpec) -> Iterator[pa.Table]:
         seqs = np.arange(seq, seq + len(keys), dtype=np.int64)
         seq += len(keys)
         order = rng.permutation(len(keys))  # rows arrive out of _seq order
-        yield _batch(spec, rng, np.array(keys)[order], np.array(ops)[order], seqs[order])
+        yield rng, np.array(keys)[order], np.array(ops)[order], seqs[order]
+
+
+_EPOCH = np.datetime64("2026-01-01T00:00:00", "s")
+_COMPOSITE_SPREAD = 97
+"""Key ``n`` of a composite key: ``n // 97`` in the first column, ``n % 97`` in the next."""
+
+
+def key_values(schema: pa.Schema, primary_key: Sequence[str], keys: np.ndarray) -> dict[str, pa.Array]:
+    """The key columns for integer keys ``keys``: each ``n`` a distinct key (tuple), deterministically."""
+    parts, rest = [], np.asarray(keys, dtype=np.int64)
+    for _ in primary_key[1:]:
+        parts.append(rest % _COMPOSITE_SPREAD)
+        rest = rest // _COMPOSITE_SPREAD
+    parts.append(rest)
+    return {
+        name: _key_column(name, schema.field(name).type, part)
+        for name, part in zip(primary_key, reversed(parts), strict=True)
+    }
+
+
+def _key_column(name: str, kind: pa.DataType, values: np.ndarray) -> pa.Array:
+    if pa.types.is_integer(kind):
+        return pa.array(values, kind)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return pa.array([f"{name}-{v:09d}" for v in values], kind)
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return pa.array(_EPOCH + values.astype("timedelta64[D]")).cast(kind)
+    raise ValueError(f"key column {name!r}: no generator for type {kind}")
+
+
+_WORDS_AS_TEXT = np.array(["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "zeta"])
+
+
+def _random_values(
+    schema: pa.Schema, primary_key: Sequence[str], rng: np.random.Generator, n: int
+) -> dict[str, pa.Array]:
+    columns = {}
+    for field in schema:
+        if field.name in primary_key:
+            continue
+        values = _random_column(field, rng, n)
+        if field.nullable:
+            values = pa.compute.if_else(pa.array(rng.random(n) < 0.05), pa.nulls(n, field.type), values)
+        columns[field.name] = values
+    return columns
+
+
+def _random_column(field: pa.Field, rng: np.random.Generator, n: int) -> pa.Array:
+    kind = field.type
+    if pa.types.is_integer(kind):
+        return pa.array(rng.integers(0, 100, n), kind)
+    if pa.types.is_floating(kind):
+        return pa.array(np.round(rng.random(n) * 1000, 2)).cast(kind)
+    if pa.types.is_decimal(kind):
+        cents = rng.integers(0, 10 ** min(kind.precision, 15), n)
+        return pa.array([decimal.Decimal(int(c)).scaleb(-kind.scale) for c in cents], kind)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return pa.array(_WORDS_AS_TEXT[rng.integers(0, len(_WORDS_AS_TEXT), n)], kind)
+    if pa.types.is_boolean(kind):
+        return pa.array(rng.random(n) < 0.5)
+    if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
+        return pa.array(_EPOCH + rng.integers(0, 86_400 * 365, n).astype("timedelta64[s]")).cast(kind)
+    if pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type):
+        vectors = rng.standard_normal(n * kind.list_size).astype(np.float32)
+        return pa.FixedSizeListArray.from_arrays(pa.array(vectors).cast(kind.value_type), kind.list_size)
+    raise ValueError(f"column {field.name!r}: no generator for type {kind}")
 
 
 def replay(batches: list[pa.Table], key: str = "id") -> dict[object, dict[str, object]]:
     """The oracle: apply batches in order, highest ``_seq`` wins within a batch."""
-    state: dict[object, dict[str, object]] = {}
+    return _apply(batches, lambda row: row[key])
+
+
+def replay_table(batches: list[pa.Table], primary_key: Sequence[str]) -> dict[tuple[object, ...], dict[str, object]]:
+    """:func:`replay` for any key: the live rows by key tuple."""
+    return _apply(batches, lambda row: tuple(row[k] for k in primary_key))
+
+
+def _apply(batches: list[pa.Table], key_of: Callable[[dict[str, object]], Any]) -> dict[Any, dict[str, object]]:
+    state: dict[Any, dict[str, object]] = {}
     for batch in batches:
         for row in sorted(batch.to_pylist(), key=lambda r: r[SEQ_COLUMN]):
             if row[OP_COLUMN] == DELETE:
-                state.pop(row[key], None)
+                state.pop(key_of(row), None)
             else:
-                state[row[key]] = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN)}
+                state[key_of(row)] = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN)}
     return state
 
 
@@ -195,12 +298,70 @@ def write_landing_files(
     PUT on an object store). Malformed rows use keys no clean row uses, so the
     clean batches are the oracle's input.
     """
-    if fmt not in _EXTENSIONS:
-        raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
-    batches = list(generate_changes(spec))
+    return write_table_landing_files(
+        spec.schema, ["id"], spec, landing_dir, fmt, malformed_per_file=malformed_per_file, prefix=prefix
+    )
+
+
+def write_table_landing_files(
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    spec: ChangeStreamSpec,
+    landing_dir: str,
+    fmt: str = "parquet",
+    *,
+    malformed_per_file: int = 0,
+    prefix: str = "changes",
+    storage_options: dict[str, str] | None = None,
+) -> list[pa.Table]:
+    """Write a generated change stream of any table as landing files; return the clean batches.
+
+    The events table (``spec.schema`` keyed by ``id``) gets :func:`generate_changes`'
+    stream, any other table :func:`generate_table_changes`'. ``fmt`` is a landing
+    format or ``"debezium"`` (JSON Lines of Debezium envelopes, see
+    :func:`debezium_records`). Malformed rows exist for the events table only.
+
+    Raises
+    ------
+    ValueError
+        For an unknown format, or malformed rows asked of another table.
+    """
+    events = _columns(schema) == _columns(spec.schema) and list(primary_key) == ["id"]
+    if malformed_per_file and not events:
+        raise ValueError("malformed rows are generated for the events table (id, customer, amount, status) only")
+    batches = list(generate_changes(spec) if events else generate_table_changes(schema, primary_key, spec))
+    storage = TableStorage(landing_dir, storage_options)
     for number, batch in enumerate(batches):
-        write_landing_file(batch, landing_dir, number, fmt, malformed_per_file, prefix)
+        if fmt == "debezium":
+            lines = "".join(json.dumps(r, default=str) + "\n" for r in debezium_records(batch, primary_key))
+            storage.write_bytes_atomic(f"{prefix}-{number:06d}.jsonl", lines.encode())
+        else:
+            write_landing_file(batch, landing_dir, number, fmt, malformed_per_file, prefix, storage_options)
     return batches
+
+
+def _columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
+    """Names and types (a table's schema also carries key metadata and non-null keys)."""
+    return [(f.name, f.type) for f in schema]
+
+
+def debezium_records(batch: pa.Table, primary_key: Sequence[str]) -> list[dict[str, object]]:
+    """``batch``'s changes as Debezium envelopes: ``u`` with ``after`` for an upsert, ``d`` with the key
+    in ``before`` for a delete, ``source.lsn`` = ``_seq`` (so ``order_by: source.lsn`` keeps the order)."""
+    records: list[dict[str, object]] = []
+    for row in batch.to_pylist():
+        values = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN)}
+        deleted = row[OP_COLUMN] == DELETE
+        records.append(
+            {
+                "op": "d" if deleted else "u",
+                "before": {k: values[k] for k in primary_key} if deleted else None,
+                "after": None if deleted else values,
+                "source": {"lsn": row[SEQ_COLUMN]},
+                "ts_ms": int(row[SEQ_COLUMN]),
+            }
+        )
+    return records
 
 
 def write_landing_file(
@@ -210,14 +371,17 @@ def write_landing_file(
     fmt: str = "parquet",
     malformed_per_file: int = 0,
     prefix: str = "changes",
+    storage_options: dict[str, str] | None = None,
 ) -> str:
     """Write one batch as landing file ``{prefix}-{number:06d}.<ext>``, atomically; return its name.
 
     For streams that arrive over time (a soak test feeding a continuous ingestion).
     """
+    if fmt not in _EXTENSIONS:
+        raise ValueError(f"unknown landing format {fmt!r}; use one of {sorted(_EXTENSIONS)}")
     bad = malformed_rows(malformed_per_file, next_key=10**12 + number * 1000)
     name = f"{prefix}-{number:06d}.{_EXTENSIONS[fmt]}"
-    TableStorage(landing_dir).write_bytes_atomic(name, _file_bytes(batch, bad, fmt))
+    TableStorage(landing_dir, storage_options).write_bytes_atomic(name, _file_bytes(batch, bad, fmt))
     return name
 
 

@@ -1,0 +1,7 @@
+"""Tables declared in YAML: the component type, and loading every declaration of the tables folder."""
+
+from .component import LsmTableComponent
+from .loader import LoadedTables, load_tables, tables_dir
+from .table_definitions import table_definitions
+
+__all__ = ["LoadedTables", "LsmTableComponent", "load_tables", "table_definitions", "tables_dir"]

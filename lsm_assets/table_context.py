@@ -1,0 +1,61 @@
+"""What every per-table factory needs: the table's resource, and config classes with its defaults."""
+
+from typing import Any, TypeVar
+
+from dagster import Config, OpExecutionContext
+from pydantic import BaseModel, Field, create_model
+
+from resources.declared_table import DeclaredTable
+from resources.table_resource import LsmTableResource
+
+ConfigT = TypeVar("ConfigT", bound=Config)
+
+TABLE_RESOURCE = "lsm_table"
+REGION_WRITERS_RESOURCE = "region_writers"
+IO_MANAGER = "lsm_io_manager"
+SPARK_RESOURCE = "spark"
+GX_RESOURCE = "gx"
+
+DEFAULT_TABLE = DeclaredTable.from_environment()
+"""The environment's table (its locations are read from the environment when asked for)."""
+
+
+def table_resource(context: Any, table: DeclaredTable) -> LsmTableResource:
+    """``table``'s :class:`LsmTableResource` in a step's (or check's, or sensor's) resources."""
+    return getattr(context.resources, table.resource_key(TABLE_RESOURCE))
+
+
+def open_table(context: OpExecutionContext, table: DeclaredTable):
+    """Open ``table`` through its resource (created or checked against its declaration)."""
+    return table_resource(context, table).open()
+
+
+def config_with_defaults(cls: type[ConfigT], table: DeclaredTable, **defaults: Any) -> type[ConfigT]:
+    """``cls`` with ``defaults`` from ``table``'s declaration (the launchpad shows them; a run may override).
+
+    The default table keeps ``cls`` itself: its defaults are read from the
+    environment when a run starts.
+    """
+    if table.is_default:
+        return cls
+    fields: dict[str, Any] = {
+        name: (
+            cls.model_fields[name].annotation,
+            Field(default=_plain(value), description=cls.model_fields[name].description, validate_default=True),
+        )
+        for name, value in defaults.items()
+    }
+    return create_model(f"{_camel(table.name)}{cls.__name__}", __base__=cls, **fields)
+
+
+def _plain(value: Any) -> Any:
+    """A config default as Dagster wants it: nested config as dicts."""
+    if isinstance(value, BaseModel):
+        return value.model_dump()
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
