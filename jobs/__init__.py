@@ -23,7 +23,7 @@ table, while other tables' runs go on.
 from dagster import AssetKey, AssetSelection, JobDefinition, define_asset_job, in_process_executor, job
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from lsm_assets.checks import table_checks
+from lsm_assets.checks import CHECKED_ASSETS
 from lsm_assets.live_writers import writer_tags
 from lsm_assets.ops import add_columns_op, continuous_ingest_op
 from lsm_assets.table_context import DEFAULT_TABLE
@@ -109,7 +109,7 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
         ),
         define_asset_job(
             name("quality_job"),
-            selection=AssetSelection.checks(*table_checks(table)),
+            selection=AssetSelection.checks_for_assets(*(AssetKey(table.asset_key(n)) for n in CHECKED_ASSETS)),
             tags=table_tags(table),
             executor_def=in_process_executor,
             description="Primary-key uniqueness and non-null (base and merged view), schema conformance, "

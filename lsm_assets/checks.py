@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 INGESTED = "ingested_changes"
 FLUSHED = "flushed_generations"
 MERGED = "merged_base"
+CHECKED_ASSETS = (INGESTED, FLUSHED, MERGED)
+"""The assets a table's checks are on (``quality_job`` selects their checks)."""
 
 
 # ------------------------------------------------------------ primary keys
@@ -314,7 +316,7 @@ def _row_count_reconciles(declared: DeclaredTable) -> AssetChecksDefinition:
     )
     def row_count_reconciles(
         context: AssetCheckExecutionContext,
-        config: config_with_defaults(ScratchConfig, declared, sample_rows=declared.quality.sample_rows),  # type: ignore[valid-type]
+        config: config_with_defaults(ScratchConfig, declared, sample_rows=declared.quality.sample_rows),
     ) -> AssetCheckResult:
         return _reconciliation(open_table(context, declared), config)
 
@@ -357,7 +359,7 @@ def _recovery_drill(declared: DeclaredTable) -> AssetChecksDefinition:
     )
     def recovery_drill(
         context: AssetCheckExecutionContext,
-        config: config_with_defaults(DrillCheckConfig, declared, sample_rows=declared.quality.sample_rows),  # type: ignore[valid-type]
+        config: config_with_defaults(DrillCheckConfig, declared, sample_rows=declared.quality.sample_rows),
     ) -> AssetCheckResult:
         return _drill(open_table(context, declared), config)
 

@@ -291,7 +291,7 @@ def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
         kinds={"python", "parquet"},
         required_resource_keys={table.resource_key(TABLE_RESOURCE)},
     )
-    def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:  # type: ignore[valid-type]
+    def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """A generated change stream of the table's columns written as landing files (upserts, deletes,
         re-inserts, out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
         schema = open_table(context, table).schema
@@ -310,7 +310,7 @@ def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> Ass
     )
     def ingested_changes(
         context: AssetExecutionContext,
-        config: config_with_defaults(IngestConfig, table, **ingest_defaults(table)),  # type: ignore[valid-type]
+        config: config_with_defaults(IngestConfig, table, **ingest_defaults(table)),
     ) -> MaterializeResult:
         """Every pending landing file, validated, routed by Lance's hash and made durable in
         the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with

@@ -266,7 +266,7 @@ def _garbage_collected(table: DeclaredTable, merged: AssetsDefinition) -> Assets
         kinds={"lance"},
         required_resource_keys={table.resource_key(TABLE_RESOURCE)},
     )
-    def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:  # type: ignore[valid-type]
+    def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """Storage reclaimed: merged generations no retained base version needs, consumed WAL
         entries, orphan generation directories past their grace period, old base versions, retired pending runs."""
         return MaterializeResult(metadata=collect_garbage(context, open_table(context, table), config))

@@ -51,7 +51,7 @@ def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
     @op(name=table.job_name("ingest_continuously"), required_resource_keys={writers_key, SPARK_RESOURCE})
     def ingest_continuously(
         context: OpExecutionContext,
-        config: config_with_defaults(ContinuousIngestConfig, table, **ingest_defaults(table)),  # type: ignore[valid-type]
+        config: config_with_defaults(ContinuousIngestConfig, table, **ingest_defaults(table)),
     ) -> None:
         """Ingest landing files as they arrive until the run is terminated (or idle long enough).
 

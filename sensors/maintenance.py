@@ -283,19 +283,43 @@ def maintenance_sensors(tables: list[DeclaredTable], jobs: dict[str, AnyJob]) ->
             tables,
             jobs,
             "Flushes, per table, the shards whose WAL holds data no generation has (crashed or idle writers) "
-            "once the table's flush trigger fires (by default: older than 5 minutes or over 64 MiB, and "
-            "untouched for 60 s), and builds the pending run (readers' shortcut) of shards whose pending "
-            "generations have none. Tables with a live writer run are skipped.",
+            "once the table's flush trigger fires, and builds the pending run (readers' shortcut) of shards "
+            "whose pending generations have none. Tables with a live writer run are skipped. In force: "
+            + _thresholds(tables, FLUSH, _flush_text),
         ),
         maintenance_sensor(
             "merge_sensor",
             MERGE,
             tables,
             jobs,
-            "Merges, per table, the shards at the table's merge trigger (by default: 4 pending generations, "
-            "1M pending rows, or a generation 10 minutes old) into the base, one run per table.",
+            "Merges, per table, the shards at the table's merge trigger into the base, one run per table. "
+            "In force: " + _thresholds(tables, MERGE, _merge_text),
         ),
     ]
+
+
+def _thresholds(tables: list[DeclaredTable], maintenance: Maintenance, text: Callable[[Trigger], str]) -> str:
+    """The thresholds each table's trigger holds, tables with the same ones named together."""
+    by_text: dict[str, list[str]] = {}
+    for table in tables:
+        by_text.setdefault(text(maintenance.trigger(table)), []).append(table.name)
+    return "; ".join(f"{', '.join(names)}: {thresholds}" for thresholds, names in by_text.items()) + "."
+
+
+def _flush_text(trigger: Trigger) -> str:
+    assert isinstance(trigger, FlushTrigger)
+    return (
+        f"WAL data older than {trigger.max_age_seconds:g} s or over {trigger.max_bytes >> 20} MiB, "
+        f"untouched for {trigger.idle_seconds:g} s"
+    )
+
+
+def _merge_text(trigger: Trigger) -> str:
+    assert isinstance(trigger, MergeTrigger)
+    return (
+        f"{trigger.generations} pending generations, {trigger.pending_rows:,} pending rows, "
+        f"or a generation {trigger.max_age_seconds:g} s old"
+    )
 
 
 def table_schedules(table: DeclaredTable) -> list[ScheduleDefinition]:

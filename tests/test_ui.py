@@ -70,3 +70,16 @@ def test_demo_run_shows_its_materialization_and_metadata_in_the_ui(dagster_ui, t
     screenshot = ARTIFACTS / "ingested_changes.png"
     _chromium(f"--screenshot={screenshot}", page, profile=tmp_path / "chrome")
     assert screenshot.stat().st_size > 10_000
+
+
+def test_each_declared_table_shows_as_its_own_group_in_the_ui(dagster_ui, tmp_path):
+    """The tables shipped in tables/ load with the default one, each its own group of prefixed assets."""
+    for table in ("customers", "order_lines", "sensor_readings"):
+        page = f"{dagster_ui.url}/locations/{dagster_ui.location}/asset-groups/{table}"
+        dom = _chromium("--dump-dom", page, profile=tmp_path / "chrome")
+        for shown in (table, "ingested_changes", "merged_base", "garbage_collected"):
+            assert shown in dom, f"{shown!r} is not on the page of group {table}"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    screenshot = ARTIFACTS / "order_lines_group.png"
+    _chromium(f"--screenshot={screenshot}", page, profile=tmp_path / "chrome")
+    assert screenshot.stat().st_size > 10_000

@@ -142,3 +142,18 @@ def test_the_code_location_loads_with_a_broken_declaration(tables_dir, monkeypat
     sensors = {s.name: s for s in repository.sensor_defs}
     assert {"flush_sensor", "merge_sensor"} <= set(sensors)
     assert {j.name for j in sensors["merge_sensor"].jobs} == {"merge_job", "order_lines_merge_job"}
+
+
+def test_removing_a_declaration_removes_its_definitions_and_leaves_its_data(tables_dir, tmp_path):
+    import shutil
+
+    from resources.lsm import LsmTable
+    from resources.table_resource import LsmTableResource
+
+    declare(tables_dir, "orders", ORDERS)
+    (orders,) = load_tables(tables_dir, taken=[DEFAULT_TABLE]).tables
+    LsmTableResource.for_table(orders).open().close()
+    shutil.rmtree(tables_dir / "orders")
+
+    assert not load_tables(tables_dir, taken=[DEFAULT_TABLE]).tables
+    assert LsmTable.open(orders.table_uri).primary_key == ["order_id"]
