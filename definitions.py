@@ -12,7 +12,7 @@ Arrow, Spark and Great Expectations are imported by the steps that use them
 
 from dagster import Definitions, in_process_executor
 
-from declarations import load_tables, table_definitions, tables_dir
+from declarations import declared_tables_resource, load_tables, table_definitions, tables_dir
 from jobs import AnyJob
 from lsm_assets.table_context import DEFAULT_TABLE
 from resources.gx_resource import GreatExpectationsResource
@@ -29,7 +29,11 @@ def build_definitions() -> Definitions:
     shared = Definitions(
         sensors=maintenance_sensors(tables, jobs),
         executor=in_process_executor,
-        resources={"spark": SparkResource(), "gx": GreatExpectationsResource()},
+        resources={
+            "spark": SparkResource(),
+            "gx": GreatExpectationsResource(),
+            **declared_tables_resource(declared.tables),
+        },
     )
     return Definitions.merge(*per_table, declared.error_definitions(), shared)
 

@@ -2,6 +2,13 @@
 
 from .component import LsmTableComponent
 from .loader import LoadedTables, load_tables, tables_dir
-from .table_definitions import table_definitions
+from .table_definitions import declared_tables_resource, table_definitions
 
-__all__ = ["LoadedTables", "LsmTableComponent", "load_tables", "table_definitions", "tables_dir"]
+__all__ = [
+    "LoadedTables",
+    "LsmTableComponent",
+    "declared_tables_resource",
+    "load_tables",
+    "table_definitions",
+    "tables_dir",
+]

@@ -23,7 +23,7 @@ from dagster.components import Component, ComponentLoadContext, Resolvable
 
 from resources.declared_table import DeclaredTable
 
-from .table_definitions import table_definitions
+from .table_definitions import declared_tables_resource, table_definitions
 
 
 class LsmTableComponent(Component, Resolvable, DeclaredTable):
@@ -35,4 +35,6 @@ class LsmTableComponent(Component, Resolvable, DeclaredTable):
         return DeclaredTable(**{**fields, "declaration_file": file})
 
     def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        return table_definitions(self.declared(str(Path(context.path) / "defs.yaml")))
+        """The table's definitions with its own ``lsm_tables`` resource (``definitions.py`` binds one for all)."""
+        table = self.declared(str(Path(context.path) / "defs.yaml"))
+        return Definitions.merge(table_definitions(table), Definitions(resources=declared_tables_resource([table])))

@@ -1,38 +1,53 @@
-"""One table's Dagster definitions: its assets, checks, jobs, schedules and resources."""
+"""One table's Dagster definitions: its assets, checks, jobs and schedules (and the default table's resources)."""
 
-from dagster import AssetsDefinition, Definitions
+from dagster import AssetsDefinition, Definitions, ResourceDefinition
 
 import jobs
 import lsm_assets.checks
 from jobs import table_jobs
 from lsm_assets import ingestion, maintenance, reports, table_assets, table_checks
-from lsm_assets.table_context import IO_MANAGER, REGION_WRITERS_RESOURCE, TABLE_RESOURCE
-from resources.declared_table import DeclaredTable
+from resources.declared_table import DECLARED_TABLES_RESOURCE, DeclaredTable
 from resources.io_manager import LsmTableIOManager
 from resources.region_writer import RegionWriterResource
-from resources.table_resource import LsmTableResource
+from resources.table_resource import DeclaredTables, LsmTableResource
 from sensors import table_schedules
 
 
 def table_definitions(table: DeclaredTable) -> Definitions:
-    """Everything ``table`` gets, named after it (the default table keeps the historical names)."""
-    if table.is_default:
-        resource, io_manager = LsmTableResource(), LsmTableIOManager()
-        assets, checks, table_job_defs = _default_assets(), lsm_assets.checks.all_checks, jobs.all_jobs
-    else:
-        resource, io_manager = LsmTableResource.for_table(table), LsmTableIOManager(uri=table.table_uri)
-        assets, checks, table_job_defs = table_assets(table), table_checks(table), table_jobs(table)
+    """Everything ``table`` gets, named after it (the default table keeps the historical names).
+
+    A declared table's resource is not here: every declared table shares the
+    ``lsm_tables`` resource (:func:`declared_tables_resource`).
+    """
+    if not table.is_default:
+        return Definitions(
+            assets=table_assets(table),
+            asset_checks=table_checks(table),
+            jobs=table_jobs(table),
+            schedules=table_schedules(table),
+        )
+    resource = LsmTableResource()
     return Definitions(
-        assets=assets,
-        asset_checks=checks,
-        jobs=table_job_defs,
+        assets=_default_assets(),
+        asset_checks=lsm_assets.checks.all_checks,
+        jobs=jobs.all_jobs,
         schedules=table_schedules(table),
         resources={
-            table.resource_key(TABLE_RESOURCE): resource,
-            table.resource_key(REGION_WRITERS_RESOURCE): RegionWriterResource(lsm_table=resource),
-            table.resource_key(IO_MANAGER): io_manager,
+            table.resource_key: resource,
+            "region_writers": RegionWriterResource(lsm_table=resource),
+            "lsm_io_manager": LsmTableIOManager(),
         },
     )
+
+
+def declared_tables_resource(tables: list[DeclaredTable]) -> dict[str, ResourceDefinition]:
+    """The one resource every declared table is opened through."""
+    registry = DeclaredTables(tables)
+    return {
+        DECLARED_TABLES_RESOURCE: ResourceDefinition.hardcoded_resource(
+            registry, f"The declared tables' LsmTableResource by name ({len(tables)} tables)"
+        )
+    }
 
 
 def _default_assets() -> list[AssetsDefinition]:

@@ -40,7 +40,7 @@ from pydantic import Field
 from resources.declared_table import DeclaredTable
 from resources.gx_resource import GreatExpectationsResource
 
-from .table_context import DEFAULT_TABLE, GX_RESOURCE, TABLE_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,7 +116,7 @@ class KeyCheck:
             asset=table.asset_key(self.asset),
             blocking=True,
             description=self.description,
-            required_resource_keys={table.resource_key(TABLE_RESOURCE), GX_RESOURCE},
+            required_resource_keys={table.resource_key, GX_RESOURCE},
         )
         def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
             return self.evaluate(open_table(context, table), context.resources.gx)
@@ -168,7 +168,7 @@ def _schema_conforms(declared: DeclaredTable) -> AssetChecksDefinition:
             "the merged view has the table's columns in order (GX); every pending generation and unflushed "
             "WAL entry has the table's columns and types plus _tombstone."
         ),
-        required_resource_keys={declared.resource_key(TABLE_RESOURCE), GX_RESOURCE},
+        required_resource_keys={declared.resource_key, GX_RESOURCE},
     )
     def schema_conforms(context: AssetCheckExecutionContext) -> AssetCheckResult:
         return _conformance(open_table(context, declared), context.resources.gx)
@@ -246,7 +246,7 @@ def _shards_recoverable(declared: DeclaredTable) -> AssetChecksDefinition:
             "after the replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan "
             "directories warn."
         ),
-        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={declared.resource_key},
     )
     def shards_recoverable(context: AssetCheckExecutionContext) -> AssetCheckResult:
         return _recoverable(open_table(context, declared))
@@ -312,7 +312,7 @@ def _row_count_reconciles(declared: DeclaredTable) -> AssetChecksDefinition:
             "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
             "change when it is flushed and merged."
         ),
-        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={declared.resource_key},
     )
     def row_count_reconciles(
         context: AssetCheckExecutionContext,
@@ -355,7 +355,7 @@ def _recovery_drill(declared: DeclaredTable) -> AssetChecksDefinition:
             "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
             "in-flight batch is applied atomically per key or not at all."
         ),
-        required_resource_keys={declared.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={declared.resource_key},
     )
     def recovery_drill(
         context: AssetCheckExecutionContext,

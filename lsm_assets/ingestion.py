@@ -25,7 +25,7 @@ from resources.declared_table import (
 from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.settings import landing_dir, quarantine_dir
 
-from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, TABLE_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -289,7 +289,7 @@ def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
         key=table.asset_key("landing_changes"),
         group_name=table.group,
         kinds={"python", "parquet"},
-        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={table.resource_key},
     )
     def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """A generated change stream of the table's columns written as landing files (upserts, deletes,
@@ -306,7 +306,7 @@ def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> Ass
         group_name=table.group,
         deps=deps,
         kinds={"spark", "lance"},
-        required_resource_keys={table.resource_key(TABLE_RESOURCE), SPARK_RESOURCE},
+        required_resource_keys={table.resource_key, SPARK_RESOURCE},
     )
     def ingested_changes(
         context: AssetExecutionContext,

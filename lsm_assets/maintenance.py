@@ -20,7 +20,7 @@ from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
-from .table_context import DEFAULT_TABLE, TABLE_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardCompaction, ShardState
@@ -146,7 +146,7 @@ def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> As
         group_name=table.group,
         deps=[ingested],
         kinds={"lance"},
-        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={table.resource_key},
     )
     def flushed_generations(context: AssetExecutionContext, config: FlushConfig) -> MaterializeResult:
         """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
@@ -213,7 +213,7 @@ def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefin
         deps=[flushed],
         kinds={"lance"},
         pool=f"lsm_merge/{table.name}",
-        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={table.resource_key},
     )
     def merged_base(context: AssetExecutionContext, config: MergeConfig) -> MaterializeResult:
         """The base table with shards' flushed generations merged in: newest wins, tombstones
@@ -264,7 +264,7 @@ def _garbage_collected(table: DeclaredTable, merged: AssetsDefinition) -> Assets
         group_name=table.group,
         deps=[merged],
         kinds={"lance"},
-        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={table.resource_key},
     )
     def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """Storage reclaimed: merged generations no retained base version needs, consumed WAL

@@ -22,17 +22,11 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
+from resources.region_writer import claimed_writers
 from resources.spark import SparkResource
 
 from .ingestion import IngestConfig, ingest, ingest_defaults
-from .table_context import (
-    DEFAULT_TABLE,
-    REGION_WRITERS_RESOURCE,
-    SPARK_RESOURCE,
-    TABLE_RESOURCE,
-    config_with_defaults,
-    open_table,
-)
+from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table, table_resource
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable
@@ -46,9 +40,8 @@ class ContinuousIngestConfig(IngestConfig):
 
 def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
     """The op of ``table``'s continuous ingestion job."""
-    writers_key = table.resource_key(REGION_WRITERS_RESOURCE)
 
-    @op(name=table.job_name("ingest_continuously"), required_resource_keys={writers_key, SPARK_RESOURCE})
+    @op(name=table.job_name("ingest_continuously"), required_resource_keys={table.resource_key, SPARK_RESOURCE})
     def ingest_continuously(
         context: OpExecutionContext,
         config: config_with_defaults(ContinuousIngestConfig, table, **ingest_defaults(table)),
@@ -59,11 +52,11 @@ def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
         written here through region writers that stay open for the whole run, so no
         generation is cut per micro-batch. Terminating the run is a planned stop:
         the current micro-batch is either recorded or left for the next run, the
-        resource flushes and closes the writers, and the step ends successfully.
+        writers are flushed and closed, and the step ends successfully.
         """
-        writers = getattr(context.resources, writers_key).table
-        spark = context.resources.spark
-        _ingest_until_stopped(context, config, spark, writers, AssetKey(table.asset_key("ingested_changes")))
+        ingested = AssetKey(table.asset_key("ingested_changes"))
+        with claimed_writers(table_resource(context, table), context.log) as writers:
+            _ingest_until_stopped(context, config, context.resources.spark, writers, ingested)
 
     return ingest_continuously
 
@@ -105,7 +98,7 @@ class AddColumnsConfig(Config):
 def add_columns_op(table: DeclaredTable) -> OpDefinition:
     """The op of ``table``'s schema-evolution job."""
 
-    @op(name=table.job_name("add_table_columns"), required_resource_keys={table.resource_key(TABLE_RESOURCE)})
+    @op(name=table.job_name("add_table_columns"), required_resource_keys={table.resource_key})
     def add_table_columns(context: OpExecutionContext, config: AddColumnsConfig) -> None:
         """Add nullable columns to the live table; afterwards writes may carry them and every reader returns them.
 

@@ -13,7 +13,7 @@ from resources.declared_table import DeclaredTable
 
 from .ingestion import ingested_changes
 from .maintenance import garbage_collected
-from .table_context import DEFAULT_TABLE, TABLE_RESOURCE, open_table
+from .table_context import DEFAULT_TABLE, open_table
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable
@@ -43,7 +43,7 @@ def _table_summary(table: DeclaredTable, collected: AssetsDefinition) -> AssetsD
         group_name=table.group,
         deps=[collected],
         kinds={"lance"},
-        required_resource_keys={table.resource_key(TABLE_RESOURCE)},
+        required_resource_keys={table.resource_key},
     )
     def table_summary(context: AssetExecutionContext) -> MaterializeResult:
         """The merged view's size and every shard's state, after maintenance."""

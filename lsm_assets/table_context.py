@@ -10,9 +10,6 @@ from resources.table_resource import LsmTableResource
 
 ConfigT = TypeVar("ConfigT", bound=Config)
 
-TABLE_RESOURCE = "lsm_table"
-REGION_WRITERS_RESOURCE = "region_writers"
-IO_MANAGER = "lsm_io_manager"
 SPARK_RESOURCE = "spark"
 GX_RESOURCE = "gx"
 
@@ -22,7 +19,8 @@ DEFAULT_TABLE = DeclaredTable.from_environment()
 
 def table_resource(context: Any, table: DeclaredTable) -> LsmTableResource:
     """``table``'s :class:`LsmTableResource` in a step's (or check's, or sensor's) resources."""
-    return getattr(context.resources, table.resource_key(TABLE_RESOURCE))
+    resource = getattr(context.resources, table.resource_key)
+    return resource if table.is_default else resource[table.name]
 
 
 def open_table(context: OpExecutionContext, table: DeclaredTable):

@@ -5,8 +5,7 @@ A table is declared in YAML (``tables/<name>/defs.yaml``, loaded by
 (``LSM_TABLE_URI``, ``LSM_LANDING_DIR``, ...; :meth:`DeclaredTable.from_environment`).
 Each declared table gets its own assets, checks, jobs, schedules, resources,
 run tags and concurrency limits, all named from :attr:`DeclaredTable.name`
-(:meth:`~DeclaredTable.asset_key`, :meth:`~DeclaredTable.resource_key`,
-:meth:`~DeclaredTable.job_name`). The default table keeps the names the
+(:meth:`~DeclaredTable.asset_key`, :meth:`~DeclaredTable.job_name`). The default table keeps the names the
 platform had before tables were declared (``ingested_changes``,
 ``ingest_job``, resource ``lsm_table``), so existing scripts keep working.
 
@@ -34,6 +33,9 @@ from .settings import (
 
 DEFAULT_TABLE_NAME = "default"
 """The environment's table: unprefixed asset keys, job names and resource keys."""
+
+DEFAULT_TABLE_RESOURCE = "lsm_table"
+DECLARED_TABLES_RESOURCE = "lsm_tables"
 
 DEFAULT_TABLE_COLUMNS = (("id", "int64"), ("customer", "string"), ("amount", "double"), ("status", "string"))
 """The columns the default table is created with (an existing one keeps its own)."""
@@ -269,9 +271,12 @@ class DeclaredTable(_Section):
         """The asset key path of this table's asset ``name`` (unprefixed for the default table)."""
         return [name] if self.is_default else [self.name, name]
 
-    def resource_key(self, kind: str) -> str:
-        """The resource key of this table's ``kind`` resource (``lsm_table``, ``region_writers``, ...)."""
-        return kind if self.is_default else f"{self.name}__{kind}"
+    @property
+    def resource_key(self) -> str:
+        """The key of the resource that opens this table: ``lsm_table`` (the default table's own) or
+        ``lsm_tables`` (one resource for every declared table, so that a job's run config lists one
+        resource, not one per table)."""
+        return DEFAULT_TABLE_RESOURCE if self.is_default else DECLARED_TABLES_RESOURCE
 
     def job_name(self, kind: str) -> str:
         """The name of this table's ``kind`` job (``ingest_job``, ...): ``<name>_<kind>``."""

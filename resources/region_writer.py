@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -15,6 +16,37 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from .lsm import LsmTable, WriteResult
+
+
+@contextmanager
+def claimed_writers(
+    resource: LsmTableResource, log: logging.Logger | None = None, buckets: list[int] | None = None
+) -> Iterator[LsmTable]:
+    """The table with the writers of ``buckets`` (default: every shard) claimed; on exit (success *or*
+    failure) the writers are closed.
+
+    Opening a writer claims its shard (epoch + 1, fencing any other writer)
+    and replays the shard's WAL tail. Closing flushes each MemTable into a
+    new generation. A writer fenced by another process raises
+    ``WriterFencedError``: rows acknowledged before are safe in the WAL, so
+    the run can simply be retried.
+    """
+    table = resource.open()
+    shard_ids = table.shard_ids if buckets is None else [table.shard_ids[b] for b in buckets]
+    table.claim(shard_ids)
+    if log:
+        log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
+    try:
+        yield table
+    finally:
+        fenced = table.close()
+        if log:
+            log.info(f"closed the shard writers of {table.uri} (MemTables flushed)")
+            if fenced:
+                log.warning(
+                    f"shards {fenced} were fenced by another writer; their acknowledged rows stay in the WAL "
+                    "for the new owner"
+                )
 
 
 class RegionWriterResource(ConfigurableResource):
@@ -33,24 +65,12 @@ class RegionWriterResource(ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator[RegionWriterResource]:
-        table = self.lsm_table.open()
-        shard_ids = [table.shard_ids[b] for b in self.buckets] if self.buckets is not None else table.shard_ids
-        table.claim(shard_ids)
-        if context.log:
-            context.log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
-        self._table = table
-        try:
-            yield self
-        finally:
-            self._table = None
-            fenced = table.close()
-            if context.log:
-                context.log.info(f"closed the shard writers of {table.uri} (MemTables flushed)")
-                if fenced:
-                    context.log.warning(
-                        f"shards {fenced} were fenced by another writer; their "
-                        "acknowledged rows stay in the WAL for the new owner"
-                    )
+        with claimed_writers(self.lsm_table, context.log, self.buckets) as table:
+            self._table = table
+            try:
+                yield self
+            finally:
+                self._table = None
 
     @property
     def table(self) -> LsmTable:

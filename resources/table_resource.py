@@ -143,3 +143,18 @@ def _vector_index(declared: DeclaredTable):
     from .lsm.read.vector_search import VectorIndex
 
     return VectorIndex(**declared.vector_index.model_dump())
+
+
+class DeclaredTables:
+    """Every declared table's :class:`LsmTableResource`, by table name: the ``lsm_tables`` resource.
+
+    One resource for all declared tables, bound without config: each job's
+    run config then lists one resource, not one per table (with a resource
+    per table, the code location's snapshot grew with tables x jobs).
+    """
+
+    def __init__(self, tables: list[DeclaredTable]) -> None:
+        self._resources = {t.name: LsmTableResource.for_table(t) for t in tables}
+
+    def __getitem__(self, name: str) -> LsmTableResource:
+        return self._resources[name]

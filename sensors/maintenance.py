@@ -45,7 +45,7 @@ from dagster import (
 
 from jobs import AnyJob, maintenance_tags
 from lsm_assets.live_writers import WRITER_TAG
-from lsm_assets.table_context import TABLE_RESOURCE, table_resource
+from lsm_assets.table_context import table_resource
 from resources.declared_table import DeclaredTable
 from resources.lsm.maintenance.policy import Decision, FlushTrigger, MergeTrigger
 
@@ -171,7 +171,7 @@ def maintenance_sensor(
         minimum_interval_seconds=interval_seconds,
         description=description,
         default_status=DefaultSensorStatus.RUNNING,
-        required_resource_keys={t.resource_key(TABLE_RESOURCE) for t in tables},
+        required_resource_keys={t.resource_key for t in tables},
     )
     def _sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         busy, writing = _runs_in_progress(context, maintenance, tables)

@@ -80,6 +80,6 @@ def test_each_declared_table_shows_as_its_own_group_in_the_ui(dagster_ui, tmp_pa
         for shown in (table, "ingested_changes", "merged_base", "garbage_collected"):
             assert shown in dom, f"{shown!r} is not on the page of group {table}"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    screenshot = ARTIFACTS / "order_lines_group.png"
+    screenshot = ARTIFACTS / f"{table}_group.png"
     _chromium(f"--screenshot={screenshot}", page, profile=tmp_path / "chrome")
     assert screenshot.stat().st_size > 10_000

@@ -9,6 +9,7 @@ from dagster import AssetKey
 
 from declarations import load_tables
 from lsm_assets.table_context import DEFAULT_TABLE
+from resources.table_resource import DeclaredTables
 
 ORDERS = """
 type: declarations.LsmTableComponent
@@ -75,9 +76,9 @@ def test_each_declared_table_gets_its_own_assets_checks_jobs_schedules_and_resou
     assert len(checks) == 8
     assert {j.name for j in defs["order_lines"].jobs} == {f"order_lines_{j}" for j in _JOBS}
     assert [s.name for s in defs["orders"].schedules] == ["orders_quality_schedule"]  # GC schedule declared off
-    assert set(defs["orders"].resources) == {"orders__lsm_table", "orders__region_writers", "orders__lsm_io_manager"}
-    resource = defs["orders"].resources["orders__lsm_table"]
-    assert resource.uri == orders.table_uri and resource.num_shards == 2
+    assert not defs["orders"].resources  # every declared table is opened through the one lsm_tables resource
+    resource = DeclaredTables(loaded.tables)["orders"]
+    assert resource.uri == orders.table_uri and resource.num_shards == 2 and resource.declared == orders
 
 
 _ASSETS = ("ingested_changes", "flushed_generations", "merged_base", "garbage_collected", "table_summary")

@@ -13,7 +13,7 @@ from resources.declared_table import DeclaredTable
 from resources.lsm import LsmTable
 from resources.lsm.maintenance.policy import FlushTrigger, MergeTrigger
 from resources.lsm.testing.changegen import EVENTS_SCHEMA
-from resources.table_resource import LsmTableResource
+from resources.table_resource import DeclaredTables, LsmTableResource
 from sensors.maintenance import FLUSH, MERGE, Maintenance, maintenance_sensor, missing_pending_run
 from tests.helpers import keys_in_bucket, write_generation
 
@@ -36,11 +36,11 @@ def _sensor(maintenance: Maintenance, tables: list[DeclaredTable]):
 
 def _evaluate(sensor, instance, uris: dict[str, str], cursor: str | None = None):
     """One tick of ``sensor``, each table's resource opening the table at ``uris[name]``."""
+    declared = DeclaredTables([_declared(name).model_copy(update={"uri": uri}) for name, uri in uris.items()])
     resources = {
-        name if name == DEFAULT_TABLE.name else f"{name}__lsm_table": LsmTableResource(uri=uri)
-        for name, uri in uris.items()
+        "lsm_table": LsmTableResource(uri=uris.get(DEFAULT_TABLE.name, "unused.lance")),
+        "lsm_tables": declared,
     }
-    resources["lsm_table"] = resources.pop(DEFAULT_TABLE.name, LsmTableResource(uri="unused.lance"))
     context = build_sensor_context(instance=instance, cursor=cursor, resources=resources)
     return sensor.evaluate_tick(context)
 
