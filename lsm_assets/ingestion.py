@@ -88,6 +88,10 @@ class IngestConfig(Config):
         default=30.0,
         description="A CSV/JSONL file not ending with a newline is taken once unmodified this long.",
     )
+    formats: list[Literal["parquet", "jsonl", "csv"]] = Field(
+        default=["parquet", "jsonl", "csv"],
+        description="Landing file formats taken; files of another format are reported as unsupported, never read.",
+    )
     cdc_formats: list[CdcFormatConfig] = Field(
         default=[],
         description="Landing files of CDC records (Debezium, generic), by file-name suffix ('' = all files).",
@@ -123,7 +127,12 @@ class IngestConfig(Config):
             for c in self.cdc_formats
         )
         return LandingPolicy(
-            tuple(self.csv_null_markers), self.changed_files, self.settle_seconds, cdc_formats, self.auto_evolve
+            tuple(self.csv_null_markers),
+            self.changed_files,
+            self.settle_seconds,
+            cdc_formats,
+            self.auto_evolve,
+            tuple(self.formats),
         )
 
     def landing_retention_policy(self) -> "LandingRetentionPolicy":
@@ -144,6 +153,7 @@ def ingest_defaults(table: DeclaredTable) -> dict[str, Any]:
         "changed_files": landing.changed_files,
         "settle_seconds": landing.settle_seconds,
         "cdc_formats": landing.cdc,
+        "formats": landing.formats,
     }
 
 

@@ -36,6 +36,8 @@ from ..write.changes import loose_column
 from .cdc import CdcFormat, records_to_changes, to_changes
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
+LANDING_FORMATS = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
+"""The format names a table's landing may accept, and the reader (a value of :data:`FORMATS`) of each."""
 LEDGER_DIR = "_lsm_ingest/files"
 STAGING_DIR = "_lsm_ingest/staging"
 """Where Spark ingestion stages routed rows between its read and write tasks, one directory per call."""
@@ -78,6 +80,9 @@ class LandingPolicy:
         A column the table lacks, found in a landing file, is added to the
         table (nullable, the type the file gives it) before the file is
         ingested, instead of rejecting the rows that hold a value in it.
+    formats
+        The file formats taken (``parquet``, ``jsonl``, ``csv``); a landing
+        file of another format is reported as unsupported and never read.
     """
 
     csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS
@@ -85,6 +90,14 @@ class LandingPolicy:
     settle_seconds: float = 30.0
     cdc_formats: tuple[tuple[str, CdcFormat], ...] = ()
     auto_evolve: bool = False
+    formats: tuple[str, ...] = ("parquet", "jsonl", "csv")
+
+    def refusal(self, name: str) -> str | None:
+        """Why the landing file ``name`` is not taken under :attr:`formats` (``None``: it is)."""
+        kind = FORMATS.get(os.path.splitext(name)[1].lower())
+        if kind in {LANDING_FORMATS[f] for f in self.formats}:
+            return None
+        return f"{kind} files are not among this table's landing formats {list(self.formats)}"
 
     def cdc_format(self, name: str) -> CdcFormat | None:
         """The CDC format of the landing file ``name`` (longest matching suffix), ``None`` for plain changes."""

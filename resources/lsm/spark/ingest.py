@@ -179,7 +179,9 @@ def scan_landing(
     """
     ledger = IngestLedger(table_uri, storage_options)
     done = ledger.ingested_names()
-    listing = list_landing_files(landing_dir, storage_options)
+    every_file = list_landing_files(landing_dir, storage_options)
+    refused = {f.name: reason for f in every_file if (reason := policy.refusal(f.name))}
+    listing = [f for f in every_file if f.name not in refused]
     entries = {f.name: ledger.entry(f.name) for f in listing if f.name in done}
     leftovers = [f.name for f in listing if _same_size(entries.get(f.name), f)]
     retire_landing_files(landing_dir, leftovers, retention, storage_options)
@@ -190,7 +192,7 @@ def scan_landing(
         pending=complete,
         changed=changed,
         incomplete=tuple(f.name for f in new if f not in complete),
-        unsupported=unsupported_landing_entries(landing_dir, storage_options),
+        unsupported={**unsupported_landing_entries(landing_dir, storage_options), **refused},
         landing_dir_missing=not landing_dir_exists(landing_dir, storage_options),
     )
 

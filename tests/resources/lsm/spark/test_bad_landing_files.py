@@ -173,3 +173,20 @@ def test_a_missing_landing_directory_is_reported_not_an_error(spark, make_table,
     table = make_table(EVENTS_SCHEMA, num_shards=2)
     report = ingest_landing_files(spark, table.uri, str(tmp_path / "nowhere"), str(tmp_path / "quarantine"))
     assert report.files == () and report.scan.landing_dir_missing
+
+
+def test_files_of_a_format_the_table_does_not_take_are_reported_and_left(spark, make_table, tmp_path):
+    table = make_table(EVENTS_SCHEMA, num_shards=2)
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    pq.write_table(pa.Table.from_pylist([good(1), good(2)]), landing / "a.parquet")
+    (landing / "b.jsonl").write_text(jsonl([good(3)]))
+    (landing / "c.csv").write_text(f"{HEADER}\n{csv_line(good(4))}\n")
+    policy = LandingPolicy(formats=("parquet",))
+
+    report = ingest_landing_files(spark, table.uri, str(landing), str(tmp_path / "q"), policy=policy)
+
+    assert list(report.files) == ["a.parquet"] and set(view(table)) == {1, 2}
+    assert set(report.scan.unsupported) == {"b.jsonl", "c.csv"}
+    assert "not among this table's landing formats ['parquet']" in report.scan.unsupported["b.jsonl"]
+    assert sorted(p.name for p in landing.iterdir() if p.is_file()) == ["b.jsonl", "c.csv"]  # left, never read
