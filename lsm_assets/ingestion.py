@@ -15,6 +15,7 @@ from dagster import (
 from pydantic import Field
 
 from resources.declared_table import (
+    LANDING_FORMATS,
     BackpressureMode,
     CdcFormatConfig,
     ChangedFiles,
@@ -88,9 +89,10 @@ class IngestConfig(Config):
         default=30.0,
         description="A CSV/JSONL file not ending with a newline is taken once unmodified this long.",
     )
-    formats: list[Literal["parquet", "jsonl", "csv"]] = Field(
-        default=["parquet", "jsonl", "csv"],
-        description="Landing file formats taken; files of another format are reported as unsupported, never read.",
+    formats: list[str] = Field(
+        default=list(LANDING_FORMATS),
+        description="Landing file formats taken (parquet, jsonl, csv); files of another format are reported as "
+        "unsupported, never read.",
     )
     cdc_formats: list[CdcFormatConfig] = Field(
         default=[],
@@ -111,6 +113,9 @@ class IngestConfig(Config):
         from resources.lsm.ingest.cdc import CdcFormat
         from resources.lsm.ingest.landing import LandingPolicy
 
+        unknown = sorted(set(self.formats) - set(LANDING_FORMATS))
+        if unknown:
+            raise ValueError(f"formats: {unknown} are not landing formats; use some of {list(LANDING_FORMATS)}")
         cdc_formats = tuple(
             (
                 c.suffix,
