@@ -75,45 +75,45 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
         add_columns_op(table)()
 
     jobs: list[AnyJob] = [
-        define_asset_job(
-            name("ingest_job"),
-            selection=_assets(table, "ingested_changes"),
-            tags=writers,
-            executor_def=in_process_executor,
-            description="Ingest every pending landing file with Spark (executors write through shard writers).",
+        _asset_job(
+            table,
+            "ingest_job",
+            _assets(table, "ingested_changes"),
+            writers,
+            "Ingest every pending landing file with Spark (executors write through shard writers).",
         ),
         continuous_ingest_job,
         add_columns_job,
-        define_asset_job(
-            name("flush_job"),
-            selection=_assets(table, "flushed_generations"),
-            tags=maintenance_tags(table, "flush"),
-            executor_def=in_process_executor,
-            description="Flush shards' unflushed WAL into generations (all shards, or config `shards`; "
-            "skips shards with live writers).",
+        _asset_job(
+            table,
+            "flush_job",
+            _assets(table, "flushed_generations"),
+            maintenance_tags(table, "flush"),
+            "Flush shards' unflushed WAL into generations (all shards, or config `shards`; skips shards with "
+            "live writers).",
         ),
-        define_asset_job(
-            name("merge_job"),
-            selection=_assets(table, "merged_base"),
-            tags=maintenance_tags(table, "merge"),
-            executor_def=in_process_executor,
-            description="Merge shards' flushed generations into the base table (all shards, or config "
-            "`shards`), after the merge guards passed.",
+        _asset_job(
+            table,
+            "merge_job",
+            _assets(table, "merged_base"),
+            maintenance_tags(table, "merge"),
+            "Merge shards' flushed generations into the base table (all shards, or config `shards`), after the "
+            "merge guards passed.",
         ),
-        define_asset_job(
-            name("gc_job"),
-            selection=_assets(table, "garbage_collected"),
-            tags=table_tags(table),
-            executor_def=in_process_executor,
-            description="Delete merged generations, consumed WAL, old orphans and old base versions.",
+        _asset_job(
+            table,
+            "gc_job",
+            _assets(table, "garbage_collected"),
+            table_tags(table),
+            "Delete merged generations, consumed WAL, old orphans and old base versions.",
         ),
-        define_asset_job(
-            name("quality_job"),
-            selection=AssetSelection.checks_for_assets(*(AssetKey(table.asset_key(n)) for n in CHECKED_ASSETS)),
-            tags=table_tags(table),
-            executor_def=in_process_executor,
-            description="Primary-key uniqueness and non-null (base and merged view), schema conformance, "
-            "WAL-replay recovery per shard, row-count reconciliation and a SIGKILL recovery drill.",
+        _asset_job(
+            table,
+            "quality_job",
+            AssetSelection.checks_for_assets(*(AssetKey(table.asset_key(n)) for n in CHECKED_ASSETS)),
+            table_tags(table),
+            "Primary-key uniqueness and non-null (base and merged view), schema conformance, WAL-replay recovery "
+            "per shard, row-count reconciliation and a SIGKILL recovery drill.",
         ),
     ]
     if table.demo:
@@ -121,14 +121,35 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
     return jobs
 
 
+def _asset_job(
+    table: DeclaredTable,
+    kind: str,
+    selection: AssetSelection,
+    tags: dict[str, str],
+    description: str,
+    config: dict | None = None,
+) -> UnresolvedAssetJobDefinition:
+    """``table``'s ``kind`` job over ``selection``, in one process."""
+    return define_asset_job(
+        table.job_name(kind),
+        selection=selection,
+        tags=tags,
+        executor_def=in_process_executor,
+        description=description,
+        config=config,
+    )
+
+
 def _demo_job(table: DeclaredTable, tags: dict[str, str]) -> UnresolvedAssetJobDefinition:
     steps = ["landing_changes", "ingested_changes", "flushed_generations", "merged_base", "garbage_collected"]
     step_key = "__".join
-    return define_asset_job(
-        table.job_name("demo_job"),
-        selection=_assets(table, *steps, "table_summary"),
-        tags=tags,
-        executor_def=in_process_executor,
+    return _asset_job(
+        table,
+        "demo_job",
+        _assets(table, *steps, "table_summary"),
+        tags,
+        "End to end: generate a change stream, ingest it with Spark, flush, merge into the base (after the merge "
+        "guards), collect garbage, and summarize the merged view.",
         config={
             "ops": {
                 step_key(table.asset_key("flushed_generations")): {"config": {"idle_seconds": 0}},
@@ -137,8 +158,6 @@ def _demo_job(table: DeclaredTable, tags: dict[str, str]) -> UnresolvedAssetJobD
                 },
             }
         },
-        description="End to end: generate a change stream, ingest it with Spark, flush, merge into the base "
-        "(after the merge guards), collect garbage, and summarize the merged view.",
     )
 
 

@@ -33,14 +33,13 @@ from dagster import (
     Config,
     Failure,
     MetadataValue,
-    asset_check,
 )
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
 from resources.gx_resource import GreatExpectationsResource
 
-from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table, table_check
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -111,12 +110,13 @@ class KeyCheck:
         )
 
     def definition(self, table: DeclaredTable) -> AssetChecksDefinition:
-        @asset_check(
-            name=self.name,
-            asset=table.asset_key(self.asset),
+        @table_check(
+            table,
+            self.name,
+            self.asset,
             blocking=True,
             description=self.description,
-            required_resource_keys={table.resource_key, GX_RESOURCE},
+            resources=[GX_RESOURCE],
         )
         def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
             return self.evaluate(open_table(context, table), context.resources.gx)
@@ -159,16 +159,17 @@ KEY_CHECKS = [
 
 
 def _schema_conforms(declared: DeclaredTable) -> AssetChecksDefinition:
-    @asset_check(
-        name="schema_conforms",
-        asset=declared.asset_key(INGESTED),
+    @table_check(
+        declared,
+        "schema_conforms",
+        INGESTED,
         blocking=True,
         description=(
             "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
             "the merged view has the table's columns in order (GX); every pending generation and unflushed "
             "WAL entry has the table's columns and types plus _tombstone."
         ),
-        required_resource_keys={declared.resource_key, GX_RESOURCE},
+        resources=[GX_RESOURCE],
     )
     def schema_conforms(context: AssetCheckExecutionContext) -> AssetCheckResult:
         return _conformance(open_table(context, declared), context.resources.gx)
@@ -236,9 +237,10 @@ def _key_problems(table: "LsmTable") -> list[str]:
 
 
 def _shards_recoverable(declared: DeclaredTable) -> AssetChecksDefinition:
-    @asset_check(
-        name="shards_recoverable",
-        asset=declared.asset_key(FLUSHED),
+    @table_check(
+        declared,
+        "shards_recoverable",
+        FLUSHED,
         blocking=True,
         description=(
             "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation "
@@ -246,7 +248,6 @@ def _shards_recoverable(declared: DeclaredTable) -> AssetChecksDefinition:
             "after the replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan "
             "directories warn."
         ),
-        required_resource_keys={declared.resource_key},
     )
     def shards_recoverable(context: AssetCheckExecutionContext) -> AssetCheckResult:
         return _recoverable(open_table(context, declared))
@@ -304,15 +305,15 @@ class DrillCheckConfig(ScratchConfig):
 
 
 def _row_count_reconciles(declared: DeclaredTable) -> AssetChecksDefinition:
-    @asset_check(
-        name="row_count_reconciles",
-        asset=declared.asset_key(MERGED),
+    @table_check(
+        declared,
+        "row_count_reconciles",
+        MERGED,
         description=(
             "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
             "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
             "change when it is flushed and merged."
         ),
-        required_resource_keys={declared.resource_key},
     )
     def row_count_reconciles(
         context: AssetCheckExecutionContext,
@@ -346,16 +347,16 @@ def _reconciliation(table: "LsmTable", config: ScratchConfig) -> AssetCheckResul
 
 
 def _recovery_drill(declared: DeclaredTable) -> AssetChecksDefinition:
-    @asset_check(
-        name="recovery_drill",
-        asset=declared.asset_key(MERGED),
+    @table_check(
+        declared,
+        "recovery_drill",
+        MERGED,
         description=(
             "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
             "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
             "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
             "in-flight batch is applied atomically per key or not at all."
         ),
-        required_resource_keys={declared.resource_key},
     )
     def recovery_drill(
         context: AssetCheckExecutionContext,

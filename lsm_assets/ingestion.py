@@ -10,7 +10,6 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     OpExecutionContext,
-    asset,
 )
 from pydantic import Field
 
@@ -26,10 +25,9 @@ from resources.declared_table import (
 from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.settings import landing_dir, quarantine_dir
 
-from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table, table_asset
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from resources.lsm import LsmTable
@@ -163,9 +161,9 @@ def ingest_defaults(table: DeclaredTable) -> dict[str, Any]:
 
 
 def write_landing(
-    context: AssetExecutionContext, config: LandingChangesConfig, table: DeclaredTable, schema: "pa.Schema"
+    context: AssetExecutionContext, config: LandingChangesConfig, directory: str, table: "LsmTable"
 ) -> dict[str, Any]:
-    """Write the configured change stream of ``schema`` into ``table``'s landing directory; return its metadata."""
+    """Write the configured change stream of ``table``'s columns into ``directory``; return its metadata."""
     from resources.lsm.testing.changegen import ChangeStreamSpec, write_table_landing_files
 
     spec = ChangeStreamSpec(
@@ -177,9 +175,8 @@ def write_landing(
         reinsert_ratio=config.reinsert_ratio,
         seed=config.seed,
     )
-    directory = table.landing_dir
     batches = write_table_landing_files(
-        schema,
+        table.schema,
         table.primary_key,
         spec,
         directory,
@@ -300,29 +297,17 @@ def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
         file_format=demo.format,
     )
 
-    @asset(
-        key=table.asset_key("landing_changes"),
-        group_name=table.group,
-        kinds={"python", "parquet"},
-        required_resource_keys={table.resource_key},
-    )
+    @table_asset(table, "landing_changes", kinds={"python", "parquet"})
     def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """A generated change stream of the table's columns written as landing files (upserts, deletes,
         re-inserts, out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
-        schema = open_table(context, table).schema
-        return MaterializeResult(metadata=write_landing(context, config, table, schema))
+        return MaterializeResult(metadata=write_landing(context, config, table.landing_dir, open_table(context, table)))
 
     return landing_changes
 
 
 def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> AssetsDefinition:
-    @asset(
-        key=table.asset_key("ingested_changes"),
-        group_name=table.group,
-        deps=deps,
-        kinds={"spark", "lance"},
-        required_resource_keys={table.resource_key, SPARK_RESOURCE},
-    )
+    @table_asset(table, "ingested_changes", deps=deps, kinds={"spark", "lance"}, resources=[SPARK_RESOURCE])
     def ingested_changes(
         context: AssetExecutionContext,
         config: config_with_defaults(IngestConfig, table, **ingest_defaults(table)),

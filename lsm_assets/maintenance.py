@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetsDefinition, Config, MaterializeResult
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
@@ -20,7 +20,7 @@ from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
-from .table_context import DEFAULT_TABLE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, config_with_defaults, open_table, table_asset
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardCompaction, ShardState
@@ -141,13 +141,7 @@ def _quiet(context: AssetExecutionContext, state: "ShardState", live_runs: list[
 
 
 def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> AssetsDefinition:
-    @asset(
-        key=table.asset_key("flushed_generations"),
-        group_name=table.group,
-        deps=[ingested],
-        kinds={"lance"},
-        required_resource_keys={table.resource_key},
-    )
+    @table_asset(table, "flushed_generations", deps=[ingested], kinds={"lance"})
     def flushed_generations(context: AssetExecutionContext, config: FlushConfig) -> MaterializeResult:
         """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
         a new writer and flushed into a generation, and each shard's pending generations
@@ -207,14 +201,7 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
 
 
 def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefinition:
-    @asset(
-        key=table.asset_key("merged_base"),
-        group_name=table.group,
-        deps=[flushed],
-        kinds={"lance"},
-        pool=f"lsm_merge/{table.name}",
-        required_resource_keys={table.resource_key},
-    )
+    @table_asset(table, "merged_base", deps=[flushed], kinds={"lance"}, pool=f"lsm_merge/{table.name}")
     def merged_base(context: AssetExecutionContext, config: MergeConfig) -> MaterializeResult:
         """The base table with shards' flushed generations merged in: newest wins, tombstones
         become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
@@ -259,13 +246,7 @@ def _garbage_collected(table: DeclaredTable, merged: AssetsDefinition) -> Assets
         version_retention_hours=gc.version_retention_hours,
     )
 
-    @asset(
-        key=table.asset_key("garbage_collected"),
-        group_name=table.group,
-        deps=[merged],
-        kinds={"lance"},
-        required_resource_keys={table.resource_key},
-    )
+    @table_asset(table, "garbage_collected", deps=[merged], kinds={"lance"})
     def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
         """Storage reclaimed: merged generations no retained base version needs, consumed WAL
         entries, orphan generation directories past their grace period, old base versions, retired pending runs."""

@@ -13,7 +13,7 @@ from resources.declared_table import DeclaredTable
 
 from .ingestion import ingested_changes
 from .maintenance import garbage_collected
-from .table_context import DEFAULT_TABLE, open_table
+from .table_context import DEFAULT_TABLE, open_table, table_asset
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable
@@ -38,13 +38,7 @@ def orders_by_status(orders: Any) -> MaterializeResult:
 
 
 def _table_summary(table: DeclaredTable, collected: AssetsDefinition) -> AssetsDefinition:
-    @asset(
-        key=table.asset_key("table_summary"),
-        group_name=table.group,
-        deps=[collected],
-        kinds={"lance"},
-        required_resource_keys={table.resource_key},
-    )
+    @table_asset(table, "table_summary", deps=[collected], kinds={"lance"})
     def table_summary(context: AssetExecutionContext) -> MaterializeResult:
         """The merged view's size and every shard's state, after maintenance."""
         return MaterializeResult(metadata=summarize(context, open_table(context, table)))

@@ -1,8 +1,9 @@
 """What every per-table factory needs: the table's resource, and config classes with its defaults."""
 
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from dagster import Config, OpExecutionContext
+from dagster import Config, OpExecutionContext, asset, asset_check
 from pydantic import BaseModel, Field, create_model
 
 from resources.declared_table import DeclaredTable
@@ -26,6 +27,25 @@ def table_resource(context: Any, table: DeclaredTable) -> LsmTableResource:
 def open_table(context: OpExecutionContext, table: DeclaredTable):
     """Open ``table`` through its resource (created or checked against its declaration)."""
     return table_resource(context, table).open()
+
+
+def table_asset(table: DeclaredTable, name: str, *, resources: Iterable[str] = (), **kwargs: Any) -> Any:
+    """``@asset`` for ``table``'s asset ``name``: its key, its group, its table's resource (and ``resources``)."""
+    return asset(
+        key=table.asset_key(name),
+        group_name=table.group,
+        required_resource_keys={table.resource_key, *resources},
+        **kwargs,
+    )
+
+
+def table_check(
+    table: DeclaredTable, name: str, asset_name: str, *, resources: Iterable[str] = (), **kwargs: Any
+) -> Any:
+    """``@asset_check`` ``name`` on ``table``'s asset ``asset_name``, with its table's resource (and ``resources``)."""
+    return asset_check(
+        name=name, asset=table.asset_key(asset_name), required_resource_keys={table.resource_key, *resources}, **kwargs
+    )
 
 
 def config_with_defaults(cls: type[ConfigT], table: DeclaredTable, **defaults: Any) -> type[ConfigT]:

@@ -43,9 +43,10 @@ def _chromium(*args: str, profile: Path) -> str:
     return result.stdout
 
 
-@pytest.fixture
-def dagster_ui(tmp_path) -> Iterator[DagsterServices]:
-    """The webserver and the daemon as separate processes, as ``./dev ui`` starts them."""
+@pytest.fixture(scope="module")
+def dagster_ui(tmp_path_factory) -> Iterator[DagsterServices]:
+    """The webserver and the daemon as separate processes, as ``./dev ui`` starts them (shared by this module)."""
+    tmp_path = tmp_path_factory.mktemp("ui")
     env = {
         **os.environ,
         "DAGSTER_HOME": str(dagster_home(tmp_path / "dagster_home")),
