@@ -61,9 +61,9 @@ from resources.lsm import LsmTable
 from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN
 from resources.lsm.ingest.landing import LandingRetention, list_landing_files
 from resources.lsm.spark import ingest as spark_ingest
-from resources.lsm.table import LANCE_MAX_MEMTABLE_ROWS
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
 from resources.lsm.write.changes import resolve_changes, validate_changes
+from resources.lsm.write.shard_writers import LANCE_MAX_MEMTABLE_ROWS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_B_OVER_C, TARGET_B_OVER_A = 5.0, 0.3

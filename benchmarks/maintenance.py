@@ -193,7 +193,7 @@ def bench_reads(workdir: Path, args) -> dict:
             "base_lookup_seconds": lookups(lambda k: base.to_table(filter=f"id = {k}")),
             "lookup_seconds": lookups(lambda k: table.lookup([k])),
         }
-    assert not read_compacted_generations(table.storage, table.dataset().version)  # nothing merged
+    assert not read_compacted_generations(table.handle.storage, table.dataset().version)  # nothing merged
     return results
 
 

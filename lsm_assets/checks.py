@@ -183,7 +183,7 @@ def _conformance(table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheck
 
     problems = _key_problems(table)
     columns = table.schema.names
-    levels = [f.message for s in verify_shards(table) for f in s.errors if "columns" in f.message]
+    levels = [f.message for s in verify_shards(table.handle) for f in s.errors if "columns" in f.message]
     metadata = {
         "columns": MetadataValue.json(columns),
         "types": MetadataValue.json({f.name: str(f.type) for f in table.schema}),
@@ -259,7 +259,7 @@ def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCh
     """The ``shards_recoverable`` result for ``buckets`` (all shards when ``None``)."""
     from resources.lsm.quality.recovery_checks import Severity, verify_shards
 
-    shards = verify_shards(table, buckets)
+    shards = verify_shards(table.handle, buckets)
     findings = [f for s in shards for f in s.findings]
     failed = any(f.severity is Severity.ERROR for f in findings)
     return AssetCheckResult(

@@ -215,7 +215,7 @@ def ingest(
     from resources.lsm.maintenance.backpressure import await_merge_capacity
     from resources.lsm.spark.ingest import ingest_landing_files
 
-    waited = await_merge_capacity(table, config.backpressure_policy(), context.log.warning)
+    waited = await_merge_capacity(table.handle, config.backpressure_policy(), context.log.warning)
     report = ingest_landing_files(
         spark,
         table.uri,

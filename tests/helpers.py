@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
-from resources.lsm.format.shard_manifest import list_wal_entries, position_name, shard_dir
+from resources.lsm.format.layout import RUNS_DIR, wal_entry_path
+from resources.lsm.format.shard_manifest import list_wal_entries, position_name
 from resources.lsm.format.wal import read_wal_entry
-from resources.lsm.read.pending_run import RUNS_DIR
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -51,7 +51,7 @@ def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
 
 def drop_pending_runs(table: LsmTable) -> None:
     """Delete the table's stored pending runs: reads then take the path without them."""
-    table.storage.delete_dir(RUNS_DIR)
+    table.handle.storage.delete_dir(RUNS_DIR)
 
 
 def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int = 0) -> None:
@@ -62,14 +62,14 @@ def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int =
     table.write(pa.Table.from_pylist([{"id": key}], schema=table.schema))  # every column, nulls but the key
     table.detach_writers()
     shard = table.shards()[bucket]
-    entry = list_wal_entries(table.storage, shard.shard_id)[-1]
-    _, rows = read_wal_entry(table.storage, shard.shard_id, entry)
+    entry = list_wal_entries(table.handle.storage, shard.shard_id)[-1]
+    _, rows = read_wal_entry(table.handle.storage, shard.shard_id, entry)
     forged = pa.table({**columns, "_tombstone": pa.array([False] * len(next(iter(columns.values()))))})
     forged = forged.replace_schema_metadata(rows.schema.metadata)
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, forged.schema) as writer:
         writer.write_table(forged)
-    path = f"{table.uri}/{shard_dir(shard.shard_id)}/wal/{position_name(entry.position + 1)}.arrow"
+    path = f"{table.uri}/{wal_entry_path(shard.shard_id, position_name(entry.position + 1))}.arrow"
     with open(path, "wb") as out:
         out.write(sink.getvalue().to_pybytes())
 

@@ -288,6 +288,6 @@ def test_nothing_acknowledged_is_lost_under_storage_faults(faulty_s3, spark, mon
         assert all(not s.pending_generations and not s.unflushed_wal_entries for s in shards), (name, shards)
         assert all(not s.orphan_directories for s in shards), (name, [s.orphan_directories for s in shards])
         assert table.dataset().count_rows() == len(replay(batches)), name
-        assert not table.storage.list_dir("_lsm_ingest/staging"), f"{name}: staging left behind"
+        assert not table.handle.storage.list_dir("_lsm_ingest/staging"), f"{name}: staging left behind"
     # A failed operation was re-run until it succeeded; none ended in a persistent-outage error.
     assert not any("StorageUnavailableError" in e for e in observed.errors), observed.errors

@@ -23,7 +23,7 @@ from lsm_assets.checks import (
 )
 from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
-from resources.lsm.format.shard_manifest import shard_dir
+from resources.lsm.format.layout import shard_dir
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource

@@ -23,6 +23,7 @@ import struct
 import uuid
 
 from . import protowire
+from .layout import VERSIONS_DIR
 from .storage import TableStorage
 
 MEM_WAL_INDEX_NAME = "__lance_mem_wal"
@@ -85,7 +86,7 @@ def _read_manifest_file(storage: TableStorage, version: int) -> bytes:
     # "{version}.manifest" (V1 scheme, older tables).
     for name in (f"{_U64_MAX - version:020d}.manifest", f"{version}.manifest"):
         try:
-            return storage.read_bytes(f"_versions/{name}")
+            return storage.read_bytes(f"{VERSIONS_DIR}/{name}")
         except FileNotFoundError:
             continue
     raise FileNotFoundError(f"no manifest for version {version} under {storage.path('_versions')}")

@@ -1,16 +1,11 @@
 """Read a shard's state from its MemWAL manifest and WAL directory.
 
-Layout under the table root (Lance MemWAL spec)::
-
-    _mem_wal/<shard uuid>/manifest/version_hint.json   {"version": N} (a hint, may lag)
-    _mem_wal/<shard uuid>/manifest/<bits>.binpb        ShardManifest, one per version
-    _mem_wal/<shard uuid>/wal/<bits>.arrow             WAL entries (Arrow IPC streams)
-    _mem_wal/<shard uuid>/<prefix>_gen_<N>/            flushed generations (SSTables)
-
-``<bits>`` is the 64-bit number written in binary, least significant bit
-first. The manifest is the only authority on which generations exist: a
-generation directory it does not list is an orphan of a failed or fenced flush
-and must never be read.
+Where the files are: :mod:`resources.lsm.format.layout` (Lance's MemWAL spec).
+The version hint (``{"version": N}``) may lag behind the manifests. ``<bits>``
+is the 64-bit number written in binary, least significant bit first. The
+manifest is the only authority on which generations exist: a generation
+directory it does not list is an orphan of a failed or fenced flush and must
+never be read.
 """
 
 from __future__ import annotations
@@ -21,9 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import protowire
-from .storage import TableStorage
-
-MEM_WAL_DIR = "_mem_wal"
+from .layout import manifest_dir, shard_dir, wal_dir
+from .storage import FileEntry, TableStorage
 
 # Field numbers of lance.table.ShardManifest (protos/table.proto).
 _MANIFEST_VERSION = 1
@@ -48,6 +42,11 @@ def position_name(position: int) -> str:
 
 def parse_position(stem: str) -> int:
     return int(stem[::-1], 2)
+
+
+def manifest_path(shard_id: str, version: int) -> str:
+    """The file of one shard manifest version."""
+    return f"{manifest_dir(shard_id)}/{position_name(version)}.binpb"
 
 
 @dataclass(frozen=True)
@@ -84,23 +83,19 @@ class WalEntryFile:
     mtime_ns: int | None
 
 
-def shard_dir(shard_id: str) -> str:
-    return f"{MEM_WAL_DIR}/{shard_id}"
-
-
 def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest | None:
     """The latest committed manifest of a shard, or ``None`` if it never had a writer.
 
     The version hint may lag behind (it is written after the manifest), so we
     probe forward from it until a version is missing.
     """
-    manifest_dir = f"{shard_dir(shard_id)}/manifest"
-    version = _hinted_version(storage, manifest_dir)
-    while storage.exists(f"{manifest_dir}/{position_name(version + 1)}.binpb"):
+    directory = manifest_dir(shard_id)
+    version = _hinted_version(storage, directory)
+    while storage.exists(manifest_path(shard_id, version + 1)):
         version += 1
     if version == 0:
         return None
-    return decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{position_name(version)}.binpb"))
+    return decode_shard_manifest(storage.read_bytes(manifest_path(shard_id, version)))
 
 
 @lru_cache(maxsize=1024)
@@ -129,13 +124,22 @@ def decode_shard_manifest(data: bytes) -> ShardManifest:
     )
 
 
+def list_manifest_versions(storage: TableStorage, shard_id: str) -> dict[int, FileEntry]:
+    """Every manifest version file on storage, by version."""
+    return {
+        parse_position(f.name[: -len(".binpb")]): f
+        for f in storage.list_dir(manifest_dir(shard_id))
+        if f.name.endswith(".binpb")
+    }
+
+
 def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> list[WalEntryFile]:
     """The WAL entry files of a shard above position ``after`` (default: all), in ascending position.
 
     Entries at or below a shard's replay position stay until GC removes them:
     pass it as ``after`` and they cost only their names.
     """
-    files = storage.list_files_named(f"{shard_dir(shard_id)}/wal", lambda name: _wal_position(name) > after)
+    files = storage.list_files_named(wal_dir(shard_id), lambda name: _wal_position(name) > after)
     entries = [WalEntryFile(_wal_position(f.name), f.name, f.size, f.mtime_ns) for f in files]
     return sorted(entries, key=lambda e: e.position)
 
@@ -156,8 +160,8 @@ def list_generation_dirs(storage: TableStorage, shard_id: str) -> list[tuple[int
     return sorted(found)
 
 
-def _hinted_version(storage: TableStorage, manifest_dir: str) -> int:
+def _hinted_version(storage: TableStorage, directory: str) -> int:
     try:
-        return int(json.loads(storage.read_bytes(f"{manifest_dir}/version_hint.json"))["version"])
+        return int(json.loads(storage.read_bytes(f"{directory}/version_hint.json"))["version"])
     except (FileNotFoundError, KeyError, ValueError):
         return 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest, shard_dir
+from .layout import VERSIONS_DIR, generation_dir
+from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
 from .storage import TableStorage
 from .wal import read_wal_entry
 
@@ -118,9 +119,8 @@ def load_shard_state(
 
 def generation_flush_time_ns(storage: TableStorage, shard_id: str, directory: str) -> int | None:
     """When a generation was committed: the mtime of its dataset manifest."""
-    mtimes = [
-        f.mtime_ns for f in storage.list_dir(f"{shard_dir(shard_id)}/{directory}/_versions") if f.mtime_ns is not None
-    ]
+    versions = storage.list_dir(f"{generation_dir(shard_id, directory)}/{VERSIONS_DIR}")
+    mtimes = [f.mtime_ns for f in versions if f.mtime_ns is not None]
     return min(mtimes, default=None)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .shard_manifest import WalEntryFile, shard_dir
+from .layout import wal_entry_path
+from .shard_manifest import WalEntryFile
 from .storage import TableStorage
 
 
@@ -26,7 +27,7 @@ def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) ->
     CorruptWalEntryError
         If the file is truncated or not Arrow IPC.
     """
-    path = f"{shard_dir(shard_id)}/wal/{entry.name}"
+    path = wal_entry_path(shard_id, entry.name)
     data = storage.read_bytes(path)  # a store error is not corruption: it propagates as it is
     try:
         reader = ipc.open_stream(data)

@@ -30,6 +30,7 @@ import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..format.layout import ARCHIVE_DIR, LEDGER_DIR
 from ..format.retry import RetryPolicy, retrying
 from ..format.storage import StorageOptions, TableStorage, filesystem, join
 from ..write.changes import loose_column
@@ -38,11 +39,6 @@ from .cdc import CdcFormat, records_to_changes, to_changes
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
 LANDING_FORMATS = {"parquet": "parquet", "jsonl": "json", "csv": "csv"}
 """The format names a table's landing may accept, and the reader (a value of :data:`FORMATS`) of each."""
-LEDGER_DIR = "_lsm_ingest/files"
-STAGING_DIR = "_lsm_ingest/staging"
-"""Where Spark ingestion stages routed rows between its read and write tasks, one directory per call."""
-ARCHIVE_DIR = "_archive"
-"""Where recorded landing files go, below the landing directory (``_`` names are never listed)."""
 
 
 class UnreadableFileError(ValueError):

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
+from ..handle import TableHandle
 from .policy import BackpressureError, BackpressurePolicy
 
-if TYPE_CHECKING:
-    from ..table import LsmTable
 
-
-def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy, log: Callable[[str], None] = print) -> float:
+def await_merge_capacity(table: TableHandle, policy: BackpressurePolicy, log: Callable[[str], None] = print) -> float:
     """Return once every shard is below ``policy.stop_generations``; seconds waited.
 
     Raises
@@ -31,7 +28,7 @@ def await_merge_capacity(table: LsmTable, policy: BackpressurePolicy, log: Calla
     while True:
         behind = {
             s.bucket: len(s.pending_generations)
-            for s in table.shards()
+            for s in table.shard_states()
             if len(s.pending_generations) >= policy.stop_generations
         }
         if not behind:

@@ -50,23 +50,20 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 from lance.mem_wal import CompactedSsTable
 
-from ..format.compaction_marker import read_compacted_generations
 from ..format.schema import TOMBSTONE_COLUMN, empty_tail, primary_key_of
 from ..format.shard_state import ShardState
+from ..handle import TableHandle
 from ..read.dedup import keep_last_per_key
 from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
-
-if TYPE_CHECKING:
-    from ..table import LsmTable
 
 MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
@@ -232,7 +229,7 @@ class _ShardTally:
 
 
 def compact(
-    table: LsmTable,
+    table: TableHandle,
     shard_ids: Sequence[str],
     *,
     max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
@@ -240,7 +237,7 @@ def compact(
 ) -> CompactionResult:
     """Merge every generation pending at the start into the base, all shards per commit.
 
-    Guarantees: the merged view (``table.read()``) is the same before, during
+    Guarantees: the merged view (``LsmTable.read()``) is the same before, during
     and after the call, and after a crash at any point; each generation is
     applied to the base exactly once. Base maintenance runs once at the end
     if anything was merged (``maintenance=None`` disables it).
@@ -265,13 +262,13 @@ def compact(
     rows_deleted = 0
     while True:
         base = table.dataset()
-        markers = read_compacted_generations(table.storage, base.version)
+        markers = table.compacted_generations(base.version)
         todo = {s: [g for g in targets[s] if g[0] > markers.get(s, 0)] for s in shard_ids}
         passes = _read_passes(table, {s: t for s, t in todo.items() if t}, max_rows_per_pass)
         if not passes:
             break
         try:
-            stats = _commit_passes(base, table.primary_key, passes)
+            stats = _commit_passes(base, list(table.primary_key), passes)
         except OSError as exc:
             _count_conflict(exc, [tallies[p.shard_id] for p in passes])
             continue
@@ -311,12 +308,12 @@ def _shard_result(shard_id: str, tally: _ShardTally, after: ShardState, started:
     )
 
 
-def _shard_states(table: LsmTable, shard_ids: Sequence[str]) -> dict[str, ShardState]:
+def _shard_states(table: TableHandle, shard_ids: Sequence[str]) -> dict[str, ShardState]:
     """Each shard's state against the markers of the latest base version."""
     return {s.shard_id: s for s in table.shard_states(shard_ids=shard_ids)}
 
 
-def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int) -> list[_ShardPass]:
+def _read_passes(table: TableHandle, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int) -> list[_ShardPass]:
     """One commit's worth of generations: shard after shard, each from its marker up.
 
     At most ``max_rows`` generation rows unless the first generation alone is
@@ -331,7 +328,7 @@ def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]], ma
         taken: list[int] = []
         parts: list[pa.Table] = []
         for generation, directory in generations:
-            sstable = open_generation(table.uri, shard_id, directory, table.storage_options)
+            sstable = open_generation(table.storage, shard_id, directory)
             count = sstable.count_rows()
             if (passes or taken) and rows + count > max_rows:
                 break
@@ -339,7 +336,7 @@ def _read_passes(table: LsmTable, todo: dict[str, Sequence[tuple[int, str]]], ma
             taken.append(generation)
             rows += count
         if taken:
-            passes.append(_resolve(shard_id, tuple(taken), pa.concat_tables(parts), table.primary_key))
+            passes.append(_resolve(shard_id, tuple(taken), pa.concat_tables(parts), list(table.primary_key)))
         if len(taken) < len(generations):
             break  # the budget is spent: the rest waits for the next pass
     return passes

@@ -64,27 +64,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import lance
 import pyarrow.fs as pafs
 
 from ..format.compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
+from ..format.layout import STAGING_DIR, generation_dir, run_dir, wal_entry_path
 from ..format.shard_manifest import (
     decode_shard_manifest,
     list_generation_dirs,
+    list_manifest_versions,
     list_wal_entries,
-    parse_position,
+    manifest_path,
     read_shard_manifest,
-    shard_dir,
 )
 from ..format.storage import TableStorage
-from ..ingest.landing import STAGING_DIR
-from ..read.pending_run import RUNS_DIR, covered_generations
+from ..handle import TableHandle
+from ..read.pending_run import covered_generations
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
-
-if TYPE_CHECKING:
-    from ..table import LsmTable
 
 GenerationDirs = Sequence[tuple[int, str]]
 """``(generation, directory)`` pairs."""
@@ -125,7 +122,7 @@ class GcResult:
 
 
 def collect_garbage(
-    table: LsmTable,
+    table: TableHandle,
     *,
     orphan_grace_seconds: float = DEFAULT_GRACE_SECONDS,
     wal_grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -170,7 +167,7 @@ def _cleanup_base_versions(
 
 
 def _merged_in_every_retained_version(
-    storage: TableStorage, dataset: lance.LanceDataset, shard_ids: list[str]
+    storage: TableStorage, dataset: lance.LanceDataset, shard_ids: Sequence[str]
 ) -> dict[str, int]:
     """Per shard, the highest generation rule 1 allows deleting (the lowest marker of any retained version)."""
     markers = [m for m in (_markers_if_retained(storage, v["version"]) for v in dataset.versions()) if m is not None]
@@ -232,7 +229,7 @@ def _delete_compacted_generations(
     never open a generation at or below their marker, so that is harmless.
     """
     doomed = {d for g, d in listed if g <= bound} & {d for _, d in present}
-    return sum((delete_dir(storage, f"{shard_dir(shard_id)}/{d}") for d in sorted(doomed)), Reclaimed())
+    return sum((delete_dir(storage, generation_dir(shard_id, d)) for d in sorted(doomed)), Reclaimed())
 
 
 def _delete_consumed_wal(storage: TableStorage, shard_id: str, settled_before_ns: int) -> Reclaimed:
@@ -240,23 +237,21 @@ def _delete_consumed_wal(storage: TableStorage, shard_id: str, settled_before_ns
     reclaimed = Reclaimed()
     for entry in list_wal_entries(storage, shard_id):
         if entry.position <= bound:
-            storage.delete_file(f"{shard_dir(shard_id)}/wal/{entry.name}")
+            storage.delete_file(wal_entry_path(shard_id, entry.name))
             reclaimed += Reclaimed(1, entry.size)
     return reclaimed
 
 
 def _settled_replay_position(storage: TableStorage, shard_id: str, settled_before_ns: int) -> int:
     """``replay_after_wal_position`` of the newest manifest version written before the cut-off (0 if none)."""
-    manifest_dir = f"{shard_dir(shard_id)}/manifest"
     settled = [
-        (parse_position(f.name[: -len(".binpb")]), f.name)
-        for f in storage.list_dir(manifest_dir)
-        if f.name.endswith(".binpb") and f.mtime_ns is not None and f.mtime_ns <= settled_before_ns
+        version
+        for version, f in list_manifest_versions(storage, shard_id).items()
+        if f.mtime_ns is not None and f.mtime_ns <= settled_before_ns
     ]
     if not settled:
         return 0
-    _, name = max(settled)
-    return decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{name}")).replay_after_wal_position
+    return decode_shard_manifest(storage.read_bytes(manifest_path(shard_id, max(settled)))).replay_after_wal_position
 
 
 def _delete_orphans(
@@ -264,13 +259,13 @@ def _delete_orphans(
 ) -> Reclaimed:
     """Delete unlisted generation directories last written before the cut-off."""
     listed_dirs = {d for _, d in listed}
-    unlisted = [f"{shard_dir(shard_id)}/{d}" for _, d in present if d not in listed_dirs]
+    unlisted = [generation_dir(shard_id, d) for _, d in present if d not in listed_dirs]
     return _delete_dirs_written_before(storage, unlisted, written_before_ns)
 
 
 def _delete_retired_runs(storage: TableStorage, shard_id: str, bound: int, written_before_ns: int) -> Reclaimed:
     """Delete the shard's pending runs no reader can use any more (rules in the module docstring)."""
-    files = storage.list_files(f"{RUNS_DIR}/{shard_id}")
+    files = storage.list_files(run_dir(shard_id))
     longest: dict[int, int] = {}
     for f in files:
         if (span := covered_generations(f.name)) is not None:
@@ -280,7 +275,7 @@ def _delete_retired_runs(storage: TableStorage, shard_id: str, bound: int, writt
         span = covered_generations(f.name)
         settled = f.mtime_ns is not None and f.mtime_ns <= written_before_ns
         if (span is not None and span[0] <= bound) or (settled and (span is None or span[1] < longest[span[0]])):
-            storage.delete_file(f"{RUNS_DIR}/{shard_id}/{f.name}")
+            storage.delete_file(f"{run_dir(shard_id)}/{f.name}")
             reclaimed += Reclaimed(1, f.size)
     return reclaimed
 

@@ -34,27 +34,23 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-import lance
 import pyarrow as pa
 
-from ..format.compaction_marker import read_compacted_generations
 from ..format.schema import empty_tail
 from ..format.shard_manifest import (
     ShardManifest,
     decode_shard_manifest,
     list_generation_dirs,
+    list_manifest_versions,
     list_wal_entries,
-    parse_position,
+    manifest_path,
     read_shard_manifest,
-    shard_dir,
 )
 from ..format.storage import TableStorage
 from ..format.wal import CorruptWalEntryError, read_wal_entry
-
-if TYPE_CHECKING:
-    from ..table import LsmTable
+from ..handle import TableHandle, added_columns
+from ..read.generations import open_generation
 
 
 class Severity(str, Enum):
@@ -111,20 +107,21 @@ class ShardRecovery:
         return not self.errors
 
 
-def verify_shards(table: LsmTable, buckets: Iterable[int] | None = None) -> list[ShardRecovery]:
+def verify_shards(table: TableHandle, buckets: Iterable[int] | None = None) -> list[ShardRecovery]:
     """Verify the recovery state of the given shards (default: all), in bucket order.
 
     Reads only; never opens a writer, so it neither claims nor fences a shard.
     """
     # Markers only: a shard's full state would read the WAL entries this check
     # must be able to report as unreadable.
-    compacted = read_compacted_generations(table.storage, table.dataset().version)
+    base = table.dataset()
+    compacted = table.compacted_generations(base.version)
     expected = _Expected(
-        [(f.name, f.type) for f in empty_tail(table.schema).schema], tuple(table.primary_key), table.added_columns
+        [(f.name, f.type) for f in empty_tail(base.schema).schema], table.primary_key, added_columns(base.schema)
     )
     return [
         _verify_shard(table.storage, table.shard_ids[b], b, compacted.get(table.shard_ids[b], 0), expected)
-        for b in (range(table.num_shards) if buckets is None else buckets)
+        for b in (range(len(table.shard_ids)) if buckets is None else buckets)
     ]
 
 
@@ -181,19 +178,13 @@ def _verify_shard(
 
 def _manifest_history(storage: TableStorage, shard_id: str, found: _Collector) -> list[ShardManifest]:
     """Every manifest version on storage, ascending, with continuity findings."""
-    manifest_dir = f"{shard_dir(shard_id)}/manifest"
-    names = {
-        parse_position(f.name[: -len(".binpb")]): f.name
-        for f in storage.list_dir(manifest_dir)
-        if f.name.endswith(".binpb")
-    }
-    versions = sorted(names)
+    versions = sorted(list_manifest_versions(storage, shard_id))
     missing = sorted(set(range(versions[0], versions[-1] + 1)) - set(versions)) if versions else []
     if missing:
         found.error("manifest", f"manifest versions {missing} are missing between {versions[0]} and {versions[-1]}")
     history = []
     for version in versions:
-        manifest = decode_shard_manifest(storage.read_bytes(f"{manifest_dir}/{names[version]}"))
+        manifest = decode_shard_manifest(storage.read_bytes(manifest_path(shard_id, version)))
         if manifest.version != version:
             found.error("manifest", f"manifest file for version {version} holds version {manifest.version}")
         history.append(manifest)
@@ -248,7 +239,7 @@ def _generation_problem(
 ) -> str | None:
     """Why one listed generation cannot be used as recorded, or ``None``."""
     try:
-        dataset = lance.dataset(storage.uri(f"{shard_dir(shard_id)}/{path}"), storage_options=storage.storage_options)
+        dataset = open_generation(storage, shard_id, path)
         rows = sum(fragment.physical_rows for fragment in dataset.get_fragments())
     except (ValueError, OSError) as exc:
         return f"does not open: {exc}"

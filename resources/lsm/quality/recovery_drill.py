@@ -129,7 +129,7 @@ def run_drill(table: LsmTable, scratch_dir: str, config: DrillConfig = DrillConf
     acknowledged = _acknowledged(os.path.join(scratch_dir, "acks.log"))
 
     recovered = LsmTable.open(copy.uri)
-    findings = verify_shards(recovered)
+    findings = verify_shards(recovered.handle)
     recovered.flush()
     merged = recovered.compact()
     return _verdict(

@@ -37,7 +37,7 @@ def scratch_sample(table: LsmTable, destination: str, rows: int = DEFAULT_SAMPLE
     finally:
         reader.close()
     copy = LsmTable.create(
-        destination, table.schema, list(table.primary_key), table.num_shards, **table.recorded_writer_settings()
+        destination, table.schema, list(table.primary_key), table.num_shards, **table.handle.writer_settings()
     )
     if head.num_rows:
         copy.write(head)

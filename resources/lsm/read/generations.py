@@ -1,6 +1,6 @@
 """Flushed generations (SSTables): where they live and how their rows are read.
 
-A generation is a Lance dataset in ``_mem_wal/<shard>/<directory>``, written
+A generation is a Lance dataset in its shard's directory (:func:`~resources.lsm.format.layout.generation_dir`), written
 by one MemTable flush. Callers pass only directories that the shard manifest
 lists (see :mod:`resources.lsm.format.shard_state`): a directory listing would also
 find orphans of failed or fenced flushes, which must never be read.
@@ -14,29 +14,21 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..format.layout import generation_dir
 from ..format.schema import conform
-from ..format.shard_manifest import shard_dir
+from ..format.storage import TableStorage
 from .dedup import keep_last_per_key
 
 
-def generation_uri(table_uri: str, shard_id: str, directory: str) -> str:
-    """The URI of one generation's Lance dataset."""
-    return f"{table_uri.rstrip('/')}/{shard_dir(shard_id)}/{directory}"
-
-
 def open_generation(
-    table_uri: str,
-    shard_id: str,
-    directory: str,
-    storage_options: dict[str, str] | None = None,
-    session: lance.Session | None = None,
+    storage: TableStorage, shard_id: str, directory: str, session: lance.Session | None = None
 ) -> lance.LanceDataset:
-    """One generation as a Lance dataset (immutable once the manifest lists it).
+    """One generation of the table at ``storage`` as a Lance dataset (immutable once the manifest lists it).
 
     A shared ``session`` caches its metadata across opens.
     """
     return lance.dataset(
-        generation_uri(table_uri, shard_id, directory), storage_options=storage_options, session=session
+        storage.uri(generation_dir(shard_id, directory)), storage_options=storage.storage_options, session=session
     )
 
 
@@ -57,11 +49,10 @@ def generation_rows(
 
 
 def read_generations(
-    table_uri: str,
+    storage: TableStorage,
     generations: Sequence[tuple[str, str]],
     columns: pa.Schema,
     *,
-    storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
     map: Callable[[Callable[[tuple[str, str]], pa.Table], Sequence[tuple[str, str]]], Iterable[pa.Table]] = map,
 ) -> list[pa.Table]:
@@ -72,7 +63,7 @@ def read_generations(
 
     def read(generation: tuple[str, str]) -> pa.Table:
         shard_id, directory = generation
-        return generation_rows(open_generation(table_uri, shard_id, directory, storage_options, session), columns)
+        return generation_rows(open_generation(storage, shard_id, directory, session), columns)
 
     return list(map(read, generations))
 

@@ -44,6 +44,7 @@ from lance.mem_wal import ShardSnapshot
 
 from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
+from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
@@ -70,7 +71,8 @@ class ReadSnapshot:
     shards: tuple[ShardState, ...]
     tail: pa.Table
     primary_key: tuple[str, ...]
-    storage_options: dict[str, str] | None = None
+    storage: TableStorage
+    """The table's files: where its generations are opened."""
     session: lance.Session | None = None
     """Lance session to open generations through (their metadata is cached there)."""
     pending_cache: PendingGenerations | None = None
@@ -303,12 +305,7 @@ class PendingGenerations:
 
         # Each generation is a small Lance dataset: read them in parallel.
         levels = read_generations(
-            snapshot.dataset.uri,
-            generations,
-            shape,
-            storage_options=snapshot.storage_options,
-            session=snapshot.session,
-            map=level_readers().map,
+            snapshot.storage, generations, shape, session=snapshot.session, map=level_readers().map
         )
         resolved = newest_per_key(levels, shape, snapshot.primary_key).combine_chunks()
         if resolved.nbytes > self._max_bytes:
@@ -417,9 +414,7 @@ def _newest_in_generations(
             asked.setdefault(generation, []).append(i)
     levels = []
     for generation in sorted(asked):
-        dataset = open_generation(
-            snapshot.dataset.uri, shard_id, generation[1], snapshot.storage_options, snapshot.session
-        )
+        dataset = open_generation(snapshot.storage, shard_id, generation[1], snapshot.session)
         wanted_keys = keys.take(asked[generation])
         found = generation_rows(dataset, shape, filter=keys_filter(wanted_keys, key))
         levels.append(key_join(found, wanted_keys, key, "left semi"))

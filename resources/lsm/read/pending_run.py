@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..format.layout import run_dir
 from ..format.schema import conform, empty_tail
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
@@ -61,7 +62,6 @@ from .level_readers import level_readers
 
 log = logging.getLogger(__name__)
 
-RUNS_DIR = "_lsm_runs"
 MISSING_RUN_WARNING_SECONDS = 300.0
 """A run missing for a generation flushed longer ago than this is logged as a warning (maintenance is late)."""
 BASE_ROW_ADDRESS = "_base_rowaddr"
@@ -126,7 +126,7 @@ class PendingRun:
 def run_path(shard_id: str, generations: Generations) -> str:
     """Where the run covering ``generations`` of ``shard_id`` lives, relative to the table root."""
     digest = hashlib.sha1("\n".join(d for _, d in generations).encode()).hexdigest()[:16]
-    return f"{RUNS_DIR}/{shard_id}/{generations[0][0]:08d}-{generations[-1][0]:08d}-{digest}.arrow"
+    return f"{run_dir(shard_id)}/{generations[0][0]:08d}-{generations[-1][0]:08d}-{digest}.arrow"
 
 
 def covered_generations(name: str) -> tuple[int, int] | None:
@@ -138,17 +138,17 @@ def covered_generations(name: str) -> tuple[int, int] | None:
 
 
 def build_runs(
+    storage: TableStorage,
     dataset: lance.LanceDataset,
     shards: Sequence[ShardState],
     primary_key: list[str],
     previous: Mapping[str, PendingRun | None],
     *,
     fragments: set[int] | None = None,
-    storage_options: dict[str, str] | None = None,
     session: lance.Session | None = None,
     map: Callable[..., Iterable[pa.Table]] = map,
 ) -> list[PendingRun]:
-    """Resolve each shard's pending generations (above its marker in ``dataset``) into a run.
+    """Resolve each shard's pending generations (above its marker in ``dataset``, the base at ``storage``) into a run.
 
     ``shards`` must be pinned above ``dataset`` (``LsmTable.shard_states``);
     ``fragments`` are ``dataset``'s fragment ids, if the caller has them.
@@ -172,9 +172,7 @@ def build_runs(
         for index, (shard, run) in enumerate(zip(shards, earlier, strict=True))
         for _, directory in (run.extra_generations(shard) if run else shard.pending_generations)
     ]
-    read = read_generations(
-        dataset.uri, [g for _, g in todo], columns, storage_options=storage_options, session=session, map=map
-    )
+    read = read_generations(storage, [g for _, g in todo], columns, session=session, map=map)
     tagged = [_tagged(rows, index) for (index, _), rows in zip(todo, read, strict=True)]
     newer = newest_per_key(tagged, columns.append(pa.field(_SHARD, pa.int32())), primary_key)
     older = _earlier_rows(earlier, present, columns)
@@ -322,7 +320,7 @@ class PendingRuns:
         the shorter prefixes only if a listing shows them.
         """
         yield run_path(shard_id, pending)
-        present = {f.name for f in self._storage.list_files(f"{RUNS_DIR}/{shard_id}")}
+        present = {f.name for f in self._storage.list_files(run_dir(shard_id))}
         prefixes = (run_path(shard_id, pending[:n]) for n in range(len(pending) - 1, 0, -1))
         yield from (path for path in prefixes if path.rsplit("/", 1)[1] in present)
 

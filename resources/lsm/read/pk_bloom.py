@@ -35,7 +35,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from ..format.shard_manifest import shard_dir
+from ..format.layout import generation_dir
 from ..format.storage import TableStorage
 
 log = logging.getLogger(__name__)
@@ -87,16 +87,8 @@ class GenerationFilters:
     Bounded: the least recently used filters are dropped first.
     """
 
-    def __init__(
-        self,
-        uri: str,
-        storage: TableStorage,
-        key_fields: Sequence[pa.Field],
-        storage_options: dict[str, str] | None = None,
-    ) -> None:
-        self._uri = uri
+    def __init__(self, storage: TableStorage, key_fields: Sequence[pa.Field]) -> None:
         self._storage = storage
-        self._storage_options = storage_options
         self._key = [f.name for f in key_fields]
         self._types = [f.type for f in key_fields]
         self._enabled = hashable_key_types(self._types)
@@ -123,7 +115,7 @@ class GenerationFilters:
             if cache_key in self._filters:
                 self._filters.move_to_end(cache_key)
                 return self._filters[cache_key]
-        path = f"{shard_dir(shard_id)}/{directory}"
+        path = generation_dir(shard_id, directory)
         bloom: SplitBlockBloomFilter | None
         try:
             bloom = SplitBlockBloomFilter(self._storage.read_bytes(f"{path}/{BLOOM_FILTER_FILE}"))
@@ -142,7 +134,7 @@ class GenerationFilters:
         return bloom
 
     def _admits_own_keys(self, bloom: SplitBlockBloomFilter, path: str) -> bool:
-        generation = lance.dataset(f"{self._uri}/{path}", storage_options=self._storage_options)
+        generation = lance.dataset(self._storage.uri(path), storage_options=self._storage.storage_options)
         sample = generation.to_table(columns=self._key, limit=_SAMPLE_ROWS)
         return all(
             bloom.might_contain(pk_hash(row, self._types))

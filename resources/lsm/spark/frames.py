@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..table import LsmTable
+from .options import spark_options_of
 
 
 def base_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> DataFrame:
@@ -41,8 +42,8 @@ def base_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> Data
 
 def merged_view_frame(spark: SparkSession, table: LsmTable, columns: list[str]) -> DataFrame:
     """``columns`` of the merged view (what :meth:`LsmTable.read` returns), read by Spark tasks."""
-    from .source import STORAGE_OPTION_PREFIX, register_spark_source
+    from .source import register_spark_source
 
     register_spark_source(spark)
-    storage = {f"{STORAGE_OPTION_PREFIX}{k}": v for k, v in (table.storage_options or {}).items()}
+    storage = spark_options_of(table.storage_options)
     return spark.read.format("lance_lsm").option("columns", ",".join(columns)).options(**storage).load(table.uri)

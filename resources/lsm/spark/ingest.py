@@ -54,10 +54,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import InvalidChangesError, Rejection, StorageUnavailableError
+from ..format.layout import STAGING_DIR
 from ..format.schema import CHANGE_COLUMNS, SEQ_COLUMN
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.landing import (
-    STAGING_DIR,
     IngestLedger,
     LandingFile,
     LandingPolicy,
@@ -73,8 +73,9 @@ from ..ingest.landing import (
     retire_landing_files,
     unsupported_landing_entries,
 )
-from ..table import LsmTable, ShardTotals, ShardWriteCount, for_each_shard
+from ..table import LsmTable
 from ..write.changes import ValidatedChanges, validate_changes
+from ..write.shard_writers import ShardTotals, ShardWriteCount, for_each_shard
 
 if TYPE_CHECKING:  # PySpark is imported where it runs, never at module load
     from pyspark import RDD, Accumulator, AccumulatorParam
@@ -293,7 +294,7 @@ def ingest_landing_files(
             _quarantine(restaged, quarantine_path, call, options)
     finally:
         counts.value = {}  # PySpark's driver keeps every accumulator: keep ours small
-        table.storage.delete_dir(staging)
+        table.handle.storage.delete_dir(staging)
 
     ledger = IngestLedger(table_uri, options)
     for f in files:
@@ -492,7 +493,7 @@ def _stage_files(
 
     table = LsmTable.open(uri, storage_options=storage_options)
     task = cast(TaskContext, TaskContext.get())  # set: this runs in a Spark task
-    staged = StagedFiles(table.storage, staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
+    staged = StagedFiles(table.handle.storage, staging, f"part-{task.partitionId():05d}-{task.attemptNumber()}")
     first_order: int | None = None
     try:
         for position in positions:
@@ -686,7 +687,7 @@ def _write_staged(table: LsmTable, files: Iterable[_StagedFile]) -> list[ShardWr
     paths: dict[str, list[str]] = {}
     for f in sorted(files):  # by bucket, then first landing file
         paths.setdefault(table.shard_ids[f.bucket], []).append(f.path)
-    storage = table.storage
+    storage = table.handle.storage
     return for_each_shard(lambda shard_id: _write_shard(table, shard_id, read_staged(storage, paths[shard_id])), paths)
 
 

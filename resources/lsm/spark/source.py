@@ -93,15 +93,15 @@ from ..format.schema import empty_tail, live_rows
 from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
 from ..format.storage import StorageOptions, TableStorage
+from ..handle import TableHandle
 from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
 from ..read.pending_run import PendingRuns
 from ..read.wal_tail import read_wal_tail
-from ..table import LsmTable
+from .options import storage_options_of
 from .writer import LsmBatchWriter, LsmStreamWriter, write_options
 
 SOURCE_NAME = "lance_lsm"
 FILTER_PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
-STORAGE_OPTION_PREFIX = "storage."
 
 
 def register_spark_source(spark: SparkSession) -> None:
@@ -145,9 +145,9 @@ class LsmDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        table = LsmTable.open(self._uri, storage_options=storage_options_of(self.options))
-        columns = _columns_option(self.options) or table.schema.names
-        return from_arrow_schema(pa.schema([_plain(table.schema.field(c)) for c in columns]))
+        table_schema = TableHandle.open(self._uri, storage_options_of(self.options)).dataset().schema
+        columns = _columns_option(self.options) or table_schema.names
+        return from_arrow_schema(pa.schema([_plain(table_schema.field(c)) for c in columns]))
 
     def writer(self, schema: StructType, overwrite: bool) -> LsmBatchWriter:
         """``df.write.format("lance_lsm").mode("append").save(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
@@ -175,11 +175,11 @@ class LsmReader(DataSourceReader):
     def __init__(
         self, uri: str, schema: StructType, fresh: bool, storage_options: StorageOptions | None = None
     ) -> None:
-        table = LsmTable.open(uri, storage_options=storage_options)
+        table = TableHandle.open(uri, storage_options)
         self.uri = table.uri
         self.storage_options = table.storage_options
         self.primary_key = list(table.primary_key)
-        self.table_schema = table.schema
+        self.table_schema = table.dataset().schema
         self.columns = schema.fieldNames()
         self.output_schema = to_arrow_schema(schema, timezone="UTC")
         self.fresh = fresh
@@ -195,7 +195,7 @@ class LsmReader(DataSourceReader):
 
     def partitions(self) -> Sequence[ShardRangePartition]:
         """Pin the snapshot and split it into one partition per shard range."""
-        table = LsmTable.open(self.uri, storage_options=self.storage_options)
+        table = TableHandle.open(self.uri, self.storage_options)
         dataset = table.dataset()
         pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset, for_read=True))
         slices = _balanced_slices(dataset, len(pins))
@@ -246,20 +246,10 @@ class LsmReader(DataSourceReader):
             if pin.wal_up_to is not None
             else empty_tail(self.table_schema)
         )
-        return ReadSnapshot(dataset, (state,), tail, tuple(self.primary_key), self.storage_options, runs=runs)
+        return ReadSnapshot(dataset, (state,), tail, tuple(self.primary_key), storage, runs=runs)
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from rows.select(self.columns).cast(self.output_schema).to_batches()
-
-
-def storage_options_of(options: Mapping[str, str]) -> StorageOptions | None:
-    """The ``storage.<key>`` reader options as Lance storage options (``None`` if there are none)."""
-    found = {
-        key[len(STORAGE_OPTION_PREFIX) :]: value
-        for key, value in options.items()
-        if key.lower().startswith(STORAGE_OPTION_PREFIX)
-    }
-    return found or None
 
 
 def filter_expression(filters: Sequence[Filter], schema: pa.Schema) -> pc.Expression | None:

@@ -67,18 +67,17 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..errors import InvalidChangesError
+from ..format.layout import QUARANTINE_DIR, STAGING_DIR, WRITES_DIR
 from ..format.schema import CHANGE_COLUMNS
 from ..format.storage import StorageOptions, TableStorage, join
 from ..ingest.cdc import CdcFormat
-from ..ingest.landing import STAGING_DIR, LandingRows, cdc_rows
-from ..table import LsmTable, ShardWriteCount, for_each_shard
+from ..ingest.landing import LandingRows, cdc_rows
+from ..table import LsmTable
 from ..write.changes import validate_changes
+from ..write.shard_writers import ShardWriteCount, for_each_shard
 from .ingest import RejectedRow, StagedFiles, read_staged, rejected_rows, validate_file, write_quarantine_file
+from .options import storage_options_of
 
-WRITES_DIR = "_lsm_ingest/writes"
-"""The write ledger: ``<write id>/<shard id>.json`` (last batch applied) and ``<write id>/last-commit.json``."""
-DEFAULT_QUARANTINE = "_lsm_ingest/quarantine"
-"""Where rejected rows go when no ``quarantine`` option is given (relative to the table root)."""
 STREAM_BATCH_ID = "streaming.sql.batchId"
 STREAM_QUERY_ID = "sql.streaming.queryId"
 """Local properties Spark sets on every task of a micro-batch (the query id survives restarts from the checkpoint)."""
@@ -110,8 +109,6 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
         If the DataFrame lacks a key column or repeats a column name: no row
         of it could be written (rows are checked one by one in the tasks).
     """
-    from .source import storage_options_of
-
     lowered = {key.lower(): value for key, value in options.items()}
     if overwrite:
         raise ValueError('lance_lsm rows are upserts into the table: use mode("append"), not overwrite')
@@ -132,7 +129,7 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
     return WriteOptions(
         uri=table.uri,
         write_id=write_id,
-        quarantine_dir=lowered.get("quarantine") or table.storage.uri(DEFAULT_QUARANTINE),
+        quarantine_dir=lowered.get("quarantine") or table.handle.storage.uri(QUARANTINE_DIR),
         fail_on_rejects=lowered.get("fail_on_rejects", "false").strip().lower() == "true",
         storage_options=table.storage_options,
         cdc=cdc,
@@ -297,7 +294,7 @@ def stage_partition(
     table = LsmTable.open(options.uri, storage_options=options.storage_options)
     prefix = f"part-{task.partitionId():05d}-{task.attemptNumber()}"
     source = f"{staging.rsplit('/', 1)[1]}/part-{task.partitionId():05d}"  # write=<id>-..., partition
-    staged = StagedFiles(table.storage, staging, prefix)
+    staged = StagedFiles(table.handle.storage, staging, prefix)
     rejected: list[RejectedRow] = []
     rows = 0
     try:
@@ -310,7 +307,7 @@ def stage_partition(
         files = staged.close()
     rejected_path = f"{staging}/{prefix}-rejected.json" if rejected else None
     for _ in write_quarantine_file(
-        rejected, table.storage.uri(staging), f"{prefix}-rejected.json", options.storage_options
+        rejected, table.handle.storage.uri(staging), f"{prefix}-rejected.json", options.storage_options
     ):
         pass
     return StagedPartition(
@@ -355,14 +352,14 @@ def commit_staged(
         return _apply(table, options, write_id, batch_id, sorted(parts, key=lambda p: p.partition))
     finally:
         table.close()
-        table.storage.delete_dir(staging)
+        table.handle.storage.delete_dir(staging)
 
 
 def _apply(
     table: LsmTable, options: WriteOptions, write_id: str, batch_id: int, parts: list[StagedPartition]
 ) -> SparkWriteReport:
     rows, rejected = sum(p.rows for p in parts), sum(p.rejected for p in parts)
-    quarantine_path = _quarantine(table.storage, options, write_id, batch_id, parts) if rejected else None
+    quarantine_path = _quarantine(table.handle.storage, options, write_id, batch_id, parts) if rejected else None
     if rejected and options.fail_on_rejects:
         raise InvalidChangesError.whole_batch(
             f"{rejected} of {rows} rows were rejected (quarantined in {quarantine_path}) and fail_on_rejects is set",
@@ -372,7 +369,7 @@ def _apply(
     for part in parts:  # partition order: the later partition wins a _seq tie
         for bucket, path in part.files:
             paths.setdefault(table.shard_ids[bucket], []).append(path)
-    ledger = WriteLedger(table.storage, write_id)
+    ledger = WriteLedger(table.handle.storage, write_id)
     skipped = tuple(s for s in sorted(paths) if ledger.applied_batch(s) >= batch_id)
     todo = [s for s in sorted(paths) if s not in skipped]
     written = for_each_shard(lambda s: _apply_shard(table, ledger, s, paths[s], batch_id), todo)
@@ -394,7 +391,7 @@ def _apply_shard(
     table: LsmTable, ledger: WriteLedger, shard_id: str, paths: list[str], batch_id: int
 ) -> ShardWriteCount:
     """Write one shard's staged rows (newest per key by ``_seq``), then record the shard as applied."""
-    changes = pa.concat_tables(read_staged(table.storage, paths))
+    changes = pa.concat_tables(read_staged(table.handle.storage, paths))
     written = table.write_validated(changes).shards
     ledger.record_applied(shard_id, batch_id)
     return written[0] if written else ShardWriteCount(shard_id, 0, 0)

@@ -14,10 +14,10 @@ import pyarrow.fs as pafs
 import pytest
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import ARCHIVE_DIR
 from resources.lsm.format.shard_manifest import list_generation_dirs
 from resources.lsm.format.storage import TableStorage, filesystem, join
 from resources.lsm.ingest.landing import (
-    ARCHIVE_DIR,
     IngestLedger,
     LandingRetention,
     list_landing_files,
@@ -46,7 +46,7 @@ def _view(table: LsmTable) -> dict:
 
 
 def _generations(table: LsmTable) -> int:
-    return sum(len(list_generation_dirs(table.storage, s)) for s in table.shard_ids)
+    return sum(len(list_generation_dirs(table.handle.storage, s)) for s in table.shard_ids)
 
 
 def test_write_read_lookup_flush_compact_gc_on_s3(configured):
@@ -147,7 +147,7 @@ def test_recovery_checks_and_scratch_sample_on_s3(configured, tmp_path):
     table.write(batches[1])
     table.detach_writers()
 
-    reports = verify_shards(table)
+    reports = verify_shards(table.handle)
     assert [f for r in reports for f in r.findings] == [] and sum(r.generations_verified for r in reports) == 2
     copy = scratch_sample(table, str(tmp_path / "copy.lance"), rows=1000)
     assert _view(copy) == _view(table) == replay(batches)  # the sample holds the whole (small) view

@@ -58,8 +58,8 @@ def test_every_row_lands_in_the_shard_of_its_lance_bucket(make_table, schema, pr
     spec = _bucket_spec(4, source_id=lance_schema.field(primary_key[0]).id())
     seen = 0
     for bucket, shard_id in enumerate(shard_ids_for(4)):
-        for entry in list_wal_entries(table.storage, shard_id):
-            _, logged = read_wal_entry(table.storage, shard_id, entry)
+        for entry in list_wal_entries(table.handle.storage, shard_id):
+            _, logged = read_wal_entry(table.handle.storage, shard_id, entry)
             if logged.num_rows == 0:
                 continue
             got = mem_wal.evaluate_sharding_spec(logged.select(schema.names).to_batches()[0], spec, lance_schema)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from resources.lsm.format.layout import ARCHIVE_DIR
 from resources.lsm.ingest.landing import (
-    ARCHIVE_DIR,
     IngestLedger,
     LandingRetention,
     list_landing_files,

@@ -81,7 +81,7 @@ def assert_base_sane(uri: str) -> None:
 
 
 def _marker_history(table: LsmTable) -> list[dict[str, int]]:
-    return [read_compacted_generations(table.storage, v["version"]) for v in table.dataset().versions()]
+    return [read_compacted_generations(table.handle.storage, v["version"]) for v in table.dataset().versions()]
 
 
 def marker_advances(table: LsmTable) -> dict[str, int]:

@@ -23,8 +23,8 @@ def behind_table(make_table):
 
 def test_fail_mode_refuses_at_the_threshold_and_names_the_shard(behind_table):
     with pytest.raises(BackpressureError, match=r"shards \[2\] have \{2: 3\} generations"):
-        await_merge_capacity(behind_table, BackpressurePolicy(stop_generations=3, mode="fail"))
-    assert await_merge_capacity(behind_table, BackpressurePolicy(stop_generations=4, mode="fail")) < 1
+        await_merge_capacity(behind_table.handle, BackpressurePolicy(stop_generations=3, mode="fail"))
+    assert await_merge_capacity(behind_table.handle, BackpressurePolicy(stop_generations=4, mode="fail")) < 1
 
 
 def test_wait_mode_waits_for_the_merge_and_says_why(behind_table):
@@ -32,7 +32,7 @@ def test_wait_mode_waits_for_the_merge_and_says_why(behind_table):
     merger = threading.Timer(1.0, lambda: behind_table.compact(behind_table.shard_ids[2]))
     merger.start()
     waited = await_merge_capacity(
-        behind_table, BackpressurePolicy(stop_generations=3, poll_seconds=0.2), log=messages.append
+        behind_table.handle, BackpressurePolicy(stop_generations=3, poll_seconds=0.2), log=messages.append
     )
     merger.join()
     assert waited >= 0.9
@@ -42,4 +42,4 @@ def test_wait_mode_waits_for_the_merge_and_says_why(behind_table):
 def test_wait_mode_gives_up_after_max_wait(behind_table):
     policy = BackpressurePolicy(stop_generations=2, poll_seconds=0.1, max_wait_seconds=0.3)
     with pytest.raises(BackpressureError, match="waited"):
-        await_merge_capacity(behind_table, policy, log=lambda _: None)
+        await_merge_capacity(behind_table.handle, policy, log=lambda _: None)

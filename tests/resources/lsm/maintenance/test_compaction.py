@@ -39,7 +39,8 @@ def _generations(table: LsmTable) -> dict[str, tuple[int, ...]]:
 
 def _marker_history(table: LsmTable, shard_id: str) -> list[int]:
     markers = [
-        read_compacted_generations(table.storage, v["version"]).get(shard_id, 0) for v in table.dataset().versions()
+        read_compacted_generations(table.handle.storage, v["version"]).get(shard_id, 0)
+        for v in table.dataset().versions()
     ]
     return sorted(set(markers))
 

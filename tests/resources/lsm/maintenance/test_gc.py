@@ -12,9 +12,9 @@ import lance
 import pyarrow as pa
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import STAGING_DIR
 from resources.lsm.format.schema import PRIMARY_KEY_METADATA, TOMBSTONE_COLUMN, empty_tail
 from resources.lsm.format.shard_manifest import list_generation_dirs, list_wal_entries
-from resources.lsm.ingest.landing import STAGING_DIR
 from resources.lsm.read import merged_read
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
@@ -30,7 +30,7 @@ EVERYTHING = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "retain_version
 
 
 def _generation_dirs(table: LsmTable) -> set[str]:
-    return {d for s in table.shard_ids for _, d in list_generation_dirs(table.storage, s)}
+    return {d for s in table.shard_ids for _, d in list_generation_dirs(table.handle.storage, s)}
 
 
 def test_gc_before_and_after_compaction_keeps_the_view(tmp_path):
@@ -75,8 +75,8 @@ def test_a_generation_stays_while_a_retained_base_version_lists_it(tmp_path):
     assert kept.compacted_generations.count == 0
     # A reader pinned to the pre-merge version lists every generation as pending, and reads them.
     pinned = lance.dataset(table.uri, version=before_merge)
-    states = table.shard_states(pinned)
-    snapshot = merged_read.ReadSnapshot(pinned, tuple(states), empty_tail(table.schema), ("id",))
+    states = table.handle.shard_states(pinned)
+    snapshot = merged_read.ReadSnapshot(pinned, tuple(states), empty_tail(table.schema), ("id",), table.handle.storage)
     scanned = merged_read.scan(pinned, ["id"], lambda: snapshot, table.schema.names, None).read_all()
     assert rows_by_key(scanned) == oracle_view(batches[:-1])
 
@@ -137,7 +137,7 @@ def _wal_positions(table: LsmTable, after_replay: bool = False) -> dict[str, lis
     return {
         s.shard_id: [
             e.position
-            for e in list_wal_entries(table.storage, s.shard_id)
+            for e in list_wal_entries(table.handle.storage, s.shard_id)
             if not after_replay or e.position > s.replay_after_wal_position
         ]
         for s in table.shards()

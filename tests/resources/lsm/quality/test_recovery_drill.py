@@ -64,7 +64,7 @@ def test_a_scratch_sample_holds_the_first_rows_of_the_view_and_is_its_own_table(
     assert all(
         not s.pending_generations and s.compacted_generation > 0 for s in sample.shards() if s.flushed_generations
     )
-    assert sample.recorded_writer_settings() == table.recorded_writer_settings()
+    assert sample.handle.writer_settings() == table.handle.writer_settings()
     sample.write(pa.table({"id": [10**9], "customer": ["x"], "amount": [1.0], "status": ["new"]}))
     assert rows_by_key(table.read()) == view  # the source is untouched
 

@@ -99,6 +99,6 @@ def test_stray_files_in_a_wal_directory_never_break_a_fresh_read(make_table):
     table.detach_writers()  # acknowledged, unflushed: only the WAL holds it
     for shard in table.shard_ids:
         for stray in ("notes.arrow", "README", "0101.arrow.tmp"):
-            table.storage.write_bytes_atomic(f"_mem_wal/{shard}/wal/{stray}", b"not a WAL entry")
+            table.handle.storage.write_bytes_atomic(f"_mem_wal/{shard}/wal/{stray}", b"not a WAL entry")
     assert {k[0]: r["name"] for k, r in rows_by_key(table.read()).items()} == {1: "flushed", 2: "in the wal"}
     assert table.lookup([2])["name"].to_pylist() == ["in the wal"]

@@ -43,8 +43,8 @@ def test_compacted_marker_is_decoded_per_version_and_compacted_generations_are_s
 
     _merge_into_base(table, pa.table({"id": [1], "name": ["a"], "price": [1.0]}), shard, 1)
     merged_once = table.dataset().version
-    assert read_compacted_generations(table.storage, merged_once) == {shard: 1}
-    assert read_compacted_generations(table.storage, merged_once - 1) == {}
+    assert read_compacted_generations(table.handle.storage, merged_once) == {shard: 1}
+    assert read_compacted_generations(table.handle.storage, merged_once - 1) == {}
     assert _names(table) == ["b"]  # generation 2 is above the marker and wins
 
     _put_and_flush(table, 1, "c")

@@ -54,7 +54,7 @@ def pending(snapshot: merged_read.ReadSnapshot) -> tuple[tuple[str, str], ...]:
 def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
     cache = merged_read.PendingGenerations(capacity=2)
-    snapshot = table.snapshot(fresh=False)
+    snapshot = table.handle.snapshot(fresh=False)
     everything, keys = (snapshot.tail.schema, snapshot.tail.select(["id", "_tombstone"]).schema)
 
     first = cache.resolved(snapshot, pending(snapshot), everything)
@@ -63,7 +63,7 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
 
     table.write(next(iter(generate_changes(ChangeStreamSpec(num_keys=100, num_batches=1, batch_size=50)))))
     table.close()
-    after = table.snapshot(fresh=False)
+    after = table.handle.snapshot(fresh=False)
     after_flush = cache.resolved(after, pending(after), everything)
     assert after_flush is not first and after_flush.num_rows >= first.num_rows
     # Capacity 2: the oldest projection was dropped, the first set is read again.
@@ -97,7 +97,7 @@ def test_key_filter_drops_exactly_the_pending_keys(pending):
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
     table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
-    snapshot = table.snapshot(fresh=False)
+    snapshot = table.handle.snapshot(fresh=False)
     shape = snapshot.tail.schema
     tight = merged_read.PendingGenerations(max_bytes=1024)
     first = tight.resolved(snapshot, pending(snapshot), shape)
@@ -109,7 +109,7 @@ def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path)
 
 def test_a_result_over_the_byte_budget_does_not_evict_the_others(tmp_path):
     table, _ = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
-    snapshot = table.snapshot(fresh=False)
+    snapshot = table.handle.snapshot(fresh=False)
     narrow = pa.schema([snapshot.tail.schema.field(c) for c in ("id", TOMBSTONE_COLUMN)])
     small = merged_read.PendingGenerations().resolved(snapshot, pending(snapshot), narrow)
     cache = merged_read.PendingGenerations(max_bytes=small.nbytes)

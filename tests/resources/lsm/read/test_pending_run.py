@@ -13,10 +13,11 @@ import time
 import pyarrow as pa
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
-from resources.lsm.read.pending_run import NOT_IN_BASE, RUNS_DIR, PendingRuns, run_path
+from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
@@ -42,7 +43,7 @@ def stored_runs(table: LsmTable) -> list[str]:
     return sorted(
         f"{RUNS_DIR}/{shard}/{f.name}"
         for shard in table.shard_ids
-        for f in table.storage.list_files(f"{RUNS_DIR}/{shard}")
+        for f in table.handle.storage.list_files(f"{RUNS_DIR}/{shard}")
     )
 
 
@@ -63,7 +64,7 @@ def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_ba
     base = table.dataset().to_table(columns=["id"], with_row_address=True)
     address = dict(zip(base["id"].to_pylist(), base["_rowaddr"].to_pylist(), strict=True))
     for shard in table.shards():
-        run = PendingRuns(table.storage).find(shard)
+        run = PendingRuns(table.handle.storage).find(shard)
         assert run is not None and run.generations == shard.pending_generations
         keys = run.changes["id"].to_pylist()
         assert len(set(keys)) == len(keys)
@@ -79,7 +80,7 @@ def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_sca
     probes = [k for (k,) in list(expected)[:40]] + sorted(deleted)[:10] + [999_999]
     answers = [rows_by_key(table.lookup([k])) for k in probes]  # the first ones scan, the later ones hash
     assert answers == [{(k,): expected[(k,)]} if (k,) in expected else {} for k in probes]
-    assert all(run.key_index(table.primary_key) is not None for run in table._runs._runs.values())
+    assert all(run.key_index(table.primary_key) is not None for run in table.handle.runs._runs.values())
     assert rows_by_key(table.lookup(probes)) == {(k,): expected[(k,)] for k in probes if (k,) in expected}
 
 
@@ -99,10 +100,10 @@ def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path
 def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, caplog):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     first, second = current_runs(table)
-    path = table.storage.path(first)
+    path = table.handle.storage.path(first)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
-    with open(table.storage.path(second), "r+b") as f:
+    with open(table.handle.storage.path(second), "r+b") as f:
         f.seek(0)
         f.write(b"not an arrow file")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -128,14 +129,16 @@ def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
     table.flush()  # only the runs over the older generations exist
     reader = LsmTable.open(table.uri)
     for shard in reader.shards():
-        run = PendingRuns(reader.storage).find(shard)
+        run = PendingRuns(reader.handle.storage).find(shard)
         assert run is not None and run.extra_generations(shard) == shard.pending_generations[-1:]
     assert_reads_and_lookups(reader, batches + newest)
 
 
 def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
-    in_runs = [k for shard in table.shards() for k in PendingRuns(table.storage).find(shard).changes["id"].to_pylist()]
+    in_runs = [
+        k for shard in table.shards() for k in PendingRuns(table.handle.storage).find(shard).changes["id"].to_pylist()
+    ]
     looked_up: list[int] = []
     probe = pending_run.base_row_addresses
 
@@ -168,7 +171,7 @@ def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     shard = table.shard_ids[0]
     leftover = f"{RUNS_DIR}/{shard}/00000001-00000002-0123456789abcdef.arrow.{'0' * 32}.tmp"
-    table.storage.write_bytes_atomic(leftover, b"half a run")
+    table.handle.storage.write_bytes_atomic(leftover, b"half a run")
     extra = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=100, seed=4)))
     for batch in extra:
         table.write(batch)
@@ -214,4 +217,4 @@ def test_sigkill_while_runs_are_built_never_changes_an_answer(tmp_path, caplog):
     # Whatever the kills left, the next build completes the runs.
     table.build_pending_runs()
     for state in table.shards():
-        assert table.storage.exists(run_path(state.shard_id, state.pending_generations))
+        assert table.handle.storage.exists(run_path(state.shard_id, state.pending_generations))

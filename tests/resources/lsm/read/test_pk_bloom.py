@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import shard_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
-from resources.lsm.format.shard_manifest import shard_dir
 from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
 from tests.helpers import drop_pending_runs, rows_by_key
 
@@ -30,7 +30,7 @@ def keys_for(schema: pa.Schema, key: list[str], numbers: range) -> dict[str, lis
 def generation_filters(table: LsmTable) -> GenerationFilters:
     """The bloom filters a lookup of ``table`` consults."""
     key_fields = [table.schema.field(k) for k in table.primary_key]
-    return GenerationFilters(table.uri, table.storage, key_fields, table.storage_options)
+    return GenerationFilters(table.handle.storage, key_fields)
 
 
 def generation_path(table: LsmTable, shard_id: str, directory: str) -> str:

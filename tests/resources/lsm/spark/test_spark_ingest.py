@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.ingest.landing import ARCHIVE_DIR, STAGING_DIR, IngestLedger, LandingRetention
+from resources.lsm.format.layout import ARCHIVE_DIR, STAGING_DIR
+from resources.lsm.ingest.landing import IngestLedger, LandingRetention
 from resources.lsm.spark.ingest import ingest_landing_files
 from resources.lsm.testing.changegen import (
     EVENTS_SCHEMA,

@@ -13,8 +13,9 @@ import os
 import pyarrow.fs as pafs
 
 from resources.lsm import LsmTable, register_spark_source
+from resources.lsm.format.layout import ARCHIVE_DIR
 from resources.lsm.format.storage import TableStorage, filesystem
-from resources.lsm.ingest.landing import ARCHIVE_DIR, IngestLedger
+from resources.lsm.ingest.landing import IngestLedger
 from resources.lsm.spark.frames import merged_view_frame
 from resources.lsm.spark.ingest import ingest_landing_files
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import QUARANTINE_DIR, STAGING_DIR
 from resources.lsm.format.storage import TableStorage
-from resources.lsm.ingest.landing import STAGING_DIR
-from resources.lsm.spark.writer import DEFAULT_QUARANTINE, WriteLedger, last_write_report
+from resources.lsm.spark.writer import WriteLedger, last_write_report
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
 from tests.resources.lsm.spark.spark_child import FIRST_ATTEMPT_CUSTOMER
@@ -116,7 +116,7 @@ def test_fail_on_rejects_fails_the_job_quarantines_and_applies_nothing(spark, ma
         _write(_with_bad_rows(spark), table.uri, write_id="strict", fail_on_rejects="true")
 
     assert _view(LsmTable.open(table.uri)) == {}
-    assert len(list(Path(table.uri, DEFAULT_QUARANTINE, "run=strict").glob("*.json"))) == 1
+    assert len(list(Path(table.uri, QUARANTINE_DIR, "run=strict").glob("*.json"))) == 1
     assert WriteLedger(TableStorage(table.uri), "strict").last_report() is None
     assert _staging_left(table.uri) == []
 
@@ -155,7 +155,7 @@ def test_a_rerun_after_a_commit_crash_applies_only_the_shards_not_recorded(spark
     done = table.shard_ids[0]
     # As a commit killed right after recording shard 0 leaves it: shard 0
     # applied (and since overwritten by a newer writer), the others not.
-    WriteLedger(table.storage, "crashed").record_applied(done, 0)
+    WriteLedger(table.handle.storage, "crashed").record_applied(done, 0)
 
     _write(frame, table.uri, write_id="crashed")
 
