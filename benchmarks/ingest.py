@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from resources.lsm import LsmTable
 from resources.lsm.format.schema import DELETE, OP_COLUMN, SEQ_COLUMN
-from resources.lsm.ingest.landing import LandingRetention, list_landing_files
+from resources.lsm.ingest.landing import LandingLocation, LandingRetention
 from resources.lsm.spark import ingest as spark_ingest
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
 from resources.lsm.write.changes import resolve_changes, validate_changes
@@ -407,14 +407,14 @@ _WORKER_FRAMES = [
     # Write tasks run each shard in a thread of its own: match those threads' frames first.
     ("ShardWriter.close", [("", "write task: close writer (flush MemTable)")]),
     (
-        "_write_shard",
+        "write_shard",
         [
             ("ShardWriter.put", "write task: put (durable WAL)"),
             ("ShardWriter.delete", "write task: delete (durable WAL)"),
             ("resolve_ordered_changes", "write task: resolve newest-wins"),
             ("ShardRouter.buckets", "write task: check shard of every row"),
             ("read_staged", "write task: read staged files"),
-            ("LsmTable._writer", "write task: open writer (claim shard, replay WAL)"),
+            ("ShardWriters._open", "write task: open writer (claim shard, replay WAL)"),
             ("", "write task: other"),
         ],
     ),
@@ -422,10 +422,10 @@ _WORKER_FRAMES = [
     (
         "_stage_files",
         [
-            ("read_landing_file", "stage task: read file"),
+            ("LandingLocation.read", "stage task: read file"),
             ("validate_changes", "stage task: validate"),
             ("LsmTable.buckets", "stage task: bucket hash"),
-            ("_rows_by_bucket", "stage task: sort by bucket and _seq"),
+            ("rows_by_bucket", "stage task: sort by bucket and _seq"),
             ("StagedFiles", "stage task: write staged files"),
             ("", "stage task: other"),
         ],
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     batches = make_stream(workdir / "landing", args.rows, args.batch_size)
     shutil.rmtree(workdir / "frame", ignore_errors=True)
     shutil.copytree(workdir / "landing", workdir / "frame")  # (d) reads a DataFrame of its own
-    paths = [f.path for f in list_landing_files(str(workdir / "landing"))]
+    paths = [f.path for f in LandingLocation(str(workdir / "landing")).files()]
     rows, oracle = sum(b.num_rows for b in batches), replay(batches)
     print(f"{rows:,} change rows in {len(batches)} files under {workdir}", flush=True)
 

@@ -43,13 +43,24 @@ class InvalidChangesError(ValueError):
 
 @dataclass(frozen=True)
 class Rejection:
-    """One invalid input row: its 0-based position in the batch and why."""
+    """One rejected input row: its 0-based row, why, and where known the row as read and its file.
+
+    The one rejection type of the engine: a refused ``write`` lists these, a
+    landing file's unparsable lines are these, and quarantine files hold
+    them (one JSON object each: file, row, reason, record).
+    """
 
     row: int
+    """Its 0-based position in the batch, or its row in the file (CSV: counted from the line after the header)."""
     reason: str
+    record: str | None = None
+    """The row as read: a line's text, or the parsed row as JSON; ``None`` for a whole file refused."""
+    file: str | None = None
+    """The landing file (or DataFrame write partition) it came from."""
 
     def __str__(self) -> str:
-        return f"row {self.row}: {self.reason}"
+        where = f"{self.file}: " if self.file else ""
+        return f"{where}row {self.row}: {self.reason}"
 
 
 class StorageUnavailableError(OSError):

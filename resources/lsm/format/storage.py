@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .retry import DEFAULT_CONNECT_TIMEOUT_SECONDS, DEFAULT_MAX_RETRIES, RetryPolicy, duration_seconds, option, retrying
@@ -96,6 +97,8 @@ class FileEntry:
     name: str
     size: int
     mtime_ns: int | None
+    is_file: bool = True
+    """``False`` for a directory (or anything else that is not a regular file)."""
 
 
 class TableStorage:
@@ -138,13 +141,36 @@ class TableStorage:
 
         return self.retrying(read, f"read {relative}")
 
+    def read_buffer(self, relative: str) -> pa.Buffer:
+        """The whole file as an Arrow buffer (no copy); ``FileNotFoundError`` if it does not exist."""
+
+        def read() -> pa.Buffer:
+            with self.fs.open_input_file(self.path(relative)) as f:
+                return f.read_buffer()
+
+        return self.retrying(read, f"read {relative}")
+
+    def read_ends(self, relative: str, length: int, size: int) -> tuple[bytes, bytes]:
+        """The first and the last ``length`` bytes of a file of ``size`` bytes (two ranged reads)."""
+
+        def read() -> tuple[bytes, bytes]:
+            with self.fs.open_input_file(self.path(relative)) as f:
+                head: bytes = f.read(length)
+                f.seek(max(0, size - length))
+                return head, f.read()
+
+        return self.retrying(read, f"read the ends of {relative}")
+
     def exists(self, relative: str) -> bool:
         found: bool = self.info(relative).type != pafs.FileType.NotFound
         return found
 
     def list_dir(self, relative: str) -> list[FileEntry]:
         """Direct children of a directory (empty if it does not exist)."""
-        return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in self._children(relative)]
+        return [
+            FileEntry(info.base_name, info.size or 0, info.mtime_ns, info.type == pafs.FileType.File)
+            for info in self._children(relative)
+        ]
 
     def list_files(self, relative: str) -> list[FileEntry]:
         """Direct children of a directory that are files, not directories (empty if it does not exist)."""

@@ -20,19 +20,18 @@ import io
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..errors import Rejection
 from ..format.layout import ARCHIVE_DIR, LEDGER_DIR
-from ..format.retry import RetryPolicy, retrying
-from ..format.storage import StorageOptions, TableStorage, filesystem, join
+from ..format.storage import StorageOptions, TableStorage
 from ..write.changes import loose_column
 from .cdc import CdcFormat, records_to_changes, to_changes
 
@@ -113,124 +112,170 @@ class LandingFile:
 
 
 @dataclass(frozen=True)
-class LineRejection:
-    """A line of a landing file that could not be parsed into a row.
-
-    ``row`` is its 0-based line number (for CSV, counted from the line after
-    the header; blank lines count) and ``text`` the line as it was.
-    """
-
-    row: int
-    reason: str
-    text: str
-
-
-@dataclass(frozen=True)
 class LandingRows:
     """A landing file as read: the rows that parsed, and the lines that did not.
 
-    ``row_numbers[i]`` is the file row (as :attr:`LineRejection.row`) of
-    ``table`` row ``i``; ``None`` when they are the same.
+    ``rejections`` are the lines that did not parse: each with its 0-based
+    line number (for CSV, counted from the line after the header; blank
+    lines count) and the line as it was, as ``record``. ``row_numbers[i]``
+    is the file row of ``table`` row ``i``; ``None`` when they are the same.
     """
 
     table: pa.Table
-    rejections: list[LineRejection]
+    rejections: list[Rejection]
     row_numbers: np.ndarray | None = None
 
     def file_row(self, row: int) -> int:
         """The file row of ``table`` row ``row``."""
         return row if self.row_numbers is None else int(self.row_numbers[row])
 
+    def records(self, rows: Sequence[int]) -> list[str]:
+        """``table`` rows ``rows`` as read, as JSON (values JSON lacks, as text): what a quarantine keeps."""
+        return [json.dumps(r, default=str) for r in self.table.take(pa.array(rows, pa.int64())).to_pylist()]
 
-def list_landing_files(landing_dir: str, storage_options: StorageOptions | None = None) -> list[LandingFile]:
-    """Supported files directly in ``landing_dir`` (local or a URI), in file-name order.
 
-    Names starting with ``.`` or ``_`` (temporary files, the quarantine) are
-    skipped. A missing directory has no files. Each ``path`` is absolute (a
-    local path) or a URI.
+@dataclass(frozen=True)
+class LandingListing:
+    """One look at a landing directory (one LIST on an object store).
+
+    Attributes
+    ----------
+    files
+        Landing files (supported extensions), in file-name order.
+    unsupported
+        Entries ingestion will not take (extension, not a regular file,
+        dangling link): name → why.
+    exists
+        Whether the directory exists (on an object store: a file is under it).
     """
-    files = {
-        f.name: f
-        for f in TableStorage(landing_dir, storage_options).list_files("")
-        if f.name[:1] not in "._" and os.path.splitext(f.name)[1].lower() in FORMATS
-    }
-    return [
-        LandingFile(i, n, join(landing_dir, n), files[n].size, files[n].mtime_ns or 0)
-        for i, n in enumerate(sorted(files))
-    ]
+
+    files: list[LandingFile]
+    unsupported: dict[str, str]
+    exists: bool
 
 
-def unsupported_landing_entries(landing_dir: str, storage_options: StorageOptions | None = None) -> dict[str, str]:
-    """Entries of ``landing_dir`` ingestion will not take, each with why (``.``/``_`` names are not listed)."""
-    fs, root = filesystem(landing_dir, storage_options)
-    entries = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
-    unsupported = dict.fromkeys(_dangling_links(landing_dir), "dangling symbolic link")
-    for entry in entries:
-        name = entry.base_name
-        if name[:1] in "._":
-            continue
-        if entry.type != pafs.FileType.File:
-            unsupported[name] = "not a regular file"
-        elif os.path.splitext(name)[1].lower() not in FORMATS:
-            unsupported[name] = f"unsupported file type; landing files end in one of {sorted(FORMATS)}"
-    return dict(sorted(unsupported.items()))
+class LandingLocation:
+    """A landing directory and its archive: root, filesystem and retry policy, built once per ingestion.
 
-
-def _dangling_links(landing_dir: str) -> list[str]:
-    """Symbolic links to nothing in a local landing directory (``pyarrow.fs`` does not list them)."""
-    if "://" in landing_dir or not os.path.isdir(landing_dir):
-        return []
-    return [
-        entry.name
-        for entry in os.scandir(landing_dir)
-        if entry.name[:1] not in "._" and entry.is_symlink() and not os.path.exists(entry.path)
-    ]
-
-
-def landing_dir_exists(landing_dir: str, storage_options: StorageOptions | None = None) -> bool:
-    """Whether the landing directory exists (a missing one is reported, not an error).
-
-    On an object store a "directory" is a key prefix: it exists once a file is under it.
+    Names starting with ``.`` or ``_`` (temporary files, the archive, a
+    quarantine inside) are never listed.
     """
-    fs, root = filesystem(landing_dir, storage_options)
-    if "://" not in landing_dir:
-        info: pafs.FileInfo = fs.get_file_info(root)
-        return bool(info.type == pafs.FileType.Directory)
-    children: list[pafs.FileInfo] = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True, recursive=False))
-    return bool(children)
 
+    def __init__(self, directory: str, storage_options: StorageOptions | None = None) -> None:
+        self.storage = TableStorage(directory, storage_options)
 
-def is_complete(
-    file: LandingFile,
-    settle_seconds: float,
-    now_ns: int | None = None,
-    storage_options: StorageOptions | None = None,
-) -> bool:
-    """Whether ``file`` looks completely written, so it may be ingested.
+    @property
+    def uri(self) -> str:
+        return self.storage.location
 
-    A Parquet file is complete once its footer's magic bytes are there (a
-    file that does not start with them is no Parquet file at all: complete,
-    and rejected when read). A text file is complete once it ends with a
-    newline or has not been modified for ``settle_seconds``. An empty file is
-    not complete. These are heuristics: writing under a ``.``/``_`` name and
-    renaming once written is what makes a file safe to take at once.
-    """
-    if file.size == 0:
-        return False
-    fs, path = filesystem(file.path, storage_options)
+    def listing(self) -> LandingListing:
+        """The directory's landing files and what else it holds, from one listing."""
+        entries = [e for e in self.storage.list_dir("") if e.name[:1] not in "._"]
+        unsupported: dict[str, str] = dict.fromkeys(self._dangling_links(), "dangling symbolic link")
+        files = []
+        for entry in entries:
+            if not entry.is_file:
+                unsupported[entry.name] = "not a regular file"
+            elif os.path.splitext(entry.name)[1].lower() not in FORMATS:
+                unsupported[entry.name] = f"unsupported file type; landing files end in one of {sorted(FORMATS)}"
+            else:
+                files.append(entry)
+        files.sort(key=lambda e: e.name)
+        landing = [
+            LandingFile(i, e.name, self.storage.uri(e.name), e.size, e.mtime_ns or 0) for i, e in enumerate(files)
+        ]
+        exists = bool(entries) or (self.storage.is_local and os.path.isdir(self.storage.root))
+        return LandingListing(landing, dict(sorted(unsupported.items())), exists)
 
-    def ends() -> tuple[bytes, bytes]:
-        with fs.open_input_file(path) as f:
-            head: bytes = f.read(len(PARQUET_MAGIC))
-            f.seek(max(0, file.size - len(PARQUET_MAGIC)))
-            return head, f.read()
+    def files(self) -> list[LandingFile]:
+        """The landing files, in file-name order (none if the directory does not exist)."""
+        return self.listing().files
 
-    policy = RetryPolicy.from_options(storage_options)
-    head, tail = retrying(ends, f"read the ends of {file.name}", file.path, policy)
-    if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
-        return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
-    age_seconds = ((now_ns or time.time_ns()) - file.mtime_ns) / 1e9
-    return tail.endswith(b"\n") or age_seconds >= settle_seconds
+    def _dangling_links(self) -> list[str]:
+        """Symbolic links to nothing in a local landing directory (``pyarrow.fs`` does not list them)."""
+        root = self.storage.root
+        if not self.storage.is_local or not os.path.isdir(root):
+            return []
+        return [
+            entry.name
+            for entry in os.scandir(root)
+            if entry.name[:1] not in "._" and entry.is_symlink() and not os.path.exists(entry.path)
+        ]
+
+    def is_complete(self, file: LandingFile, settle_seconds: float, now_ns: int | None = None) -> bool:
+        """Whether ``file`` looks completely written, so it may be ingested.
+
+        A Parquet file is complete once its footer's magic bytes are there (a
+        file that does not start with them is no Parquet file at all:
+        complete, and rejected when read). A text file is complete once it
+        ends with a newline or has not been modified for ``settle_seconds``.
+        An empty file is not complete. These are heuristics: writing under a
+        ``.``/``_`` name and renaming once written makes a file safe to take at once.
+        """
+        if file.size == 0:
+            return False
+        head, tail = self.storage.read_ends(file.name, len(PARQUET_MAGIC), file.size)
+        if FORMATS.get(os.path.splitext(file.name)[1].lower()) == "parquet":
+            return head != PARQUET_MAGIC or tail == PARQUET_MAGIC
+        age_seconds = ((now_ns or time.time_ns()) - file.mtime_ns) / 1e9
+        return tail.endswith(b"\n") or age_seconds >= settle_seconds
+
+    def read(
+        self, name: str, csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS, cdc: CdcFormat | None = None
+    ) -> LandingRows:
+        """Read the landing file ``name`` as-is (values are cast and validated later).
+
+        CSV values are read as text, so that a bad value rejects its row, not
+        the file; only ``csv_null_markers`` (unquoted) are null. A CSV or
+        JSON Lines line that cannot be parsed (wrong field count, not UTF-8,
+        not a JSON object) is returned as a :class:`~resources.lsm.errors.Rejection`
+        with its text. With ``cdc``, the file holds CDC records, returned
+        mapped to the change layout (:func:`.cdc.records_to_changes`); a
+        malformed record is a rejection too, and in JSON Lines a ``null``
+        line is a tombstone, not a bad line.
+
+        Raises
+        ------
+        UnreadableFileError
+            If the file cannot be parsed at all (its cause is kept: a storage
+            fault is the platform's, not the file's).
+        """
+        kind = FORMATS.get(os.path.splitext(name)[1].lower())
+        if kind is None:
+            raise UnreadableFileError(f"{name}: unsupported file type")
+        try:
+            data = self.storage.read_buffer(name)
+            if kind == "json":
+                return _read_json_lines(data, name, cdc)
+            if kind == "parquet":
+                read = LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
+            else:
+                read = _read_csv(data, csv_null_markers)
+            return read if cdc is None else cdc_rows(read, cdc)
+        except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
+            raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
+
+    def retire(self, names: Iterable[str], retention: LandingRetention) -> int:
+        """Archive or delete the recorded landing files ``names``; return how many were retired.
+
+        Call only for files the ledger recorded. When files are archived, the
+        archive is listed and archived files past their age are deleted (so
+        an idle landing directory costs no archive listing per poll).
+        """
+        names = list(names)
+        if retention.mode == "keep" or not names:
+            return 0
+        for name in names:
+            if retention.mode == "archive":
+                self.storage.move(name, f"{ARCHIVE_DIR}/{name}")
+            else:
+                self.storage.delete_file(name)
+        if retention.mode == "archive":
+            expired_ns = time.time_ns() - int(retention.archive_max_age_seconds * 1e9)
+            for entry in self.storage.list_dir(ARCHIVE_DIR):
+                if entry.mtime_ns is not None and entry.mtime_ns < expired_ns:
+                    self.storage.delete_file(f"{ARCHIVE_DIR}/{entry.name}")
+        return len(names)
 
 
 def read_landing_file(
@@ -239,45 +284,9 @@ def read_landing_file(
     storage_options: StorageOptions | None = None,
     cdc: CdcFormat | None = None,
 ) -> LandingRows:
-    """Read a change file as-is (values are cast and validated later).
-
-    CSV values are read as text, so that a bad value rejects its row, not
-    the file; only ``csv_null_markers`` (unquoted) are null. A CSV or JSON
-    Lines line that cannot be parsed (wrong field count, not UTF-8, not a
-    JSON object) is returned as a :class:`LineRejection` with its text.
-    With ``cdc``, the file holds CDC records, returned mapped to the change
-    layout (:func:`.cdc.records_to_changes`); a malformed record is a
-    :class:`LineRejection` too, and in JSON Lines a ``null`` line is a
-    tombstone, not a bad line.
-
-    Raises
-    ------
-    UnreadableFileError
-        If the file cannot be parsed at all.
-    """
-    name = os.path.basename(path)
-    kind = FORMATS.get(os.path.splitext(path)[1].lower())
-    if kind is None:
-        raise UnreadableFileError(f"{name}: unsupported file type")
-    try:
-        fs, fs_path = filesystem(path, storage_options)
-        data = retrying(
-            lambda: _read_buffer(fs, fs_path), f"read {name}", path, RetryPolicy.from_options(storage_options)
-        )
-        if kind == "json":
-            return _read_json_lines(data, name, cdc)
-        if kind == "parquet":
-            read = LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
-        else:
-            read = _read_csv(data, csv_null_markers)
-        return read if cdc is None else cdc_rows(read, cdc)
-    except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
-
-
-def _read_buffer(fs: pafs.FileSystem, path: str) -> pa.Buffer:
-    with fs.open_input_file(path) as source:
-        return source.read_buffer()
+    """Read one landing file given by its path or URI (see :meth:`LandingLocation.read`)."""
+    directory, name = path.rstrip("/").rsplit("/", 1)
+    return LandingLocation(directory, storage_options).read(name, csv_null_markers, cdc)
 
 
 _CSV_MIN_BLOCK_BYTES = 1 << 20
@@ -306,12 +315,12 @@ def _read_csv(data: pa.Buffer, null_markers: NullMarkers) -> LandingRows:
     filled, blank = _csv_lines(data)
     # pyarrow numbers the lines it parses (1-based, the header first), not the empty ones it skips.
     rejections = [
-        LineRejection(int(filled[n - 1]), f"line has {_field_count(text)} fields, the header {len(header)}", text)
+        Rejection(int(filled[n - 1]), f"line has {_field_count(text)} fields, the header {len(header)}", text)
         for n, text in bad_lines
     ]
     table, utf8_rejections = _decode_utf8(table)
     row_numbers = _csv_row_numbers(table.num_rows + len(utf8_rejections), {r.row for r in rejections}, blank)
-    rejections += [LineRejection(int(row_numbers[i]), reason, text) for i, reason, text in utf8_rejections]
+    rejections += [Rejection(int(row_numbers[i]), reason, text) for i, reason, text in utf8_rejections]
     keep = np.ones(len(row_numbers), dtype=bool)
     keep[[i for i, _, _ in utf8_rejections]] = False
     return LandingRows(table, sorted(rejections, key=lambda r: r.row), row_numbers[keep])
@@ -375,14 +384,14 @@ def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None = None) -
     records: list[object] = []
     numbers: list[int] = []
     texts: list[bytes] = []
-    rejections: list[LineRejection] = []
+    rejections: list[Rejection] = []
     with io.BytesIO(data) as lines:
         for number, raw in enumerate(lines):
             if not raw.strip():
                 continue
             value, reason = _parse_json_line(raw, allow_null=cdc is not None)
             if reason is not None:
-                rejections.append(LineRejection(number, reason, _as_text(raw).rstrip("\r\n")))
+                rejections.append(Rejection(number, reason, _as_text(raw).rstrip("\r\n")))
             else:
                 records.append(value)
                 numbers.append(number)
@@ -398,23 +407,20 @@ def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None = None) -
 
 
 def _cdc_records(
-    records: list[object], numbers: np.ndarray, texts: list[bytes], rejections: list[LineRejection], cdc: CdcFormat
+    records: list[object], numbers: np.ndarray, texts: list[bytes], rejections: list[Rejection], cdc: CdcFormat
 ) -> LandingRows:
     """Parsed JSON Lines records (file rows ``numbers``, raw ``texts``) as changes, bad envelopes rejected."""
     mapped = records_to_changes(records, cdc)
-    bad = [
-        LineRejection(int(numbers[r.row]), r.reason, _as_text(texts[r.row]).rstrip("\r\n")) for r in mapped.rejections
-    ]
+    bad = [Rejection(int(numbers[r.row]), r.reason, _as_text(texts[r.row]).rstrip("\r\n")) for r in mapped.rejections]
     return LandingRows(mapped.changes, sorted(rejections + bad, key=lambda r: r.row), numbers[mapped.record_numbers])
 
 
 def cdc_rows(read: LandingRows, cdc: CdcFormat) -> LandingRows:
     """Rows of a Parquet or CSV file of CDC records as changes, bad records rejected with their values."""
     mapped = to_changes(read.table, cdc)
-    records = read.table.take(pa.array([r.row for r in mapped.rejections], pa.int64())).to_pylist()
+    records = read.records([r.row for r in mapped.rejections])
     bad = [
-        LineRejection(read.file_row(r.row), r.reason, json.dumps(record, default=str))
-        for r, record in zip(mapped.rejections, records, strict=True)
+        Rejection(read.file_row(r.row), r.reason, record) for r, record in zip(mapped.rejections, records, strict=True)
     ]
     rows = np.array([read.file_row(int(i)) for i in mapped.record_numbers], dtype=np.int64)
     return LandingRows(mapped.changes, sorted(read.rejections + bad, key=lambda r: r.row), rows)
@@ -461,8 +467,9 @@ class LedgerEntry:
 class IngestLedger:
     """Which landing files are already in the table (one small JSON file each)."""
 
-    def __init__(self, table_uri: str, storage_options: StorageOptions | None = None) -> None:
-        self._storage = TableStorage(table_uri, storage_options)
+    def __init__(self, table_storage: TableStorage) -> None:
+        """The ledger of the table whose files are ``table_storage``."""
+        self._storage = table_storage
 
     def ingested_names(self) -> set[str]:
         return {f.name[: -len(".json")] for f in self._storage.list_dir(LEDGER_DIR) if f.name.endswith(".json")}
@@ -502,33 +509,6 @@ class LandingRetention:
 
     mode: Literal["archive", "delete", "keep"] = "archive"
     archive_max_age_seconds: float = 7 * 24 * 3600.0
-
-
-def retire_landing_files(
-    landing_dir: str,
-    names: Iterable[str],
-    retention: LandingRetention,
-    storage_options: StorageOptions | None = None,
-) -> int:
-    """Archive or delete the recorded landing files ``names``, then archived files past their age.
-
-    Call only for files the ledger recorded. Returns the landing files retired.
-    """
-    if retention.mode == "keep":
-        return 0
-    storage = TableStorage(landing_dir, storage_options)
-    retired = 0
-    for name in names:
-        if retention.mode == "archive":
-            storage.move(name, f"{ARCHIVE_DIR}/{name}")
-        else:
-            storage.delete_file(name)
-        retired += 1
-    expired_ns = time.time_ns() - int(retention.archive_max_age_seconds * 1e9)
-    for entry in storage.list_dir(ARCHIVE_DIR):
-        if entry.mtime_ns is not None and entry.mtime_ns < expired_ns:
-            storage.delete_file(f"{ARCHIVE_DIR}/{entry.name}")
-    return retired
 
 
 def new_ledger_entry(file: LandingFile, rows: int, rejected: int, run_id: str) -> LedgerEntry:

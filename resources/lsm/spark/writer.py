@@ -66,17 +66,18 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from ..errors import InvalidChangesError
+from ..errors import InvalidChangesError, Rejection
 from ..format.layout import QUARANTINE_DIR, STAGING_DIR, WRITES_DIR
 from ..format.schema import CHANGE_COLUMNS
-from ..format.storage import StorageOptions, TableStorage, join
+from ..format.storage import StorageOptions, TableStorage
 from ..ingest.cdc import CdcFormat
 from ..ingest.landing import LandingRows, cdc_rows
+from ..ingest.quarantine import Quarantine, quarantine_lines, rejected_rows, validate_rows
 from ..table import LsmTable
 from ..write.changes import validate_changes
 from ..write.shard_writers import ShardWriteCount, for_each_shard
-from .ingest import RejectedRow, StagedFiles, read_staged, rejected_rows, validate_file, write_quarantine_file
 from .options import storage_options_of
+from .staging import StagedFiles, read_staged
 
 STREAM_BATCH_ID = "streaming.sql.batchId"
 STREAM_QUERY_ID = "sql.streaming.queryId"
@@ -263,7 +264,7 @@ def _staged(messages: list[WriterCommitMessage | None]) -> list[StagedPartition]
 
 def changes_of_batch(
     table: LsmTable, rows: pa.Table, source: str, first_row: int, cdc: CdcFormat | None = None
-) -> tuple[pa.Table, list[RejectedRow]]:
+) -> tuple[pa.Table, list[Rejection]]:
     """Turn one incoming Arrow batch into changes: the valid rows and the rejected ones.
 
     The valid rows are :attr:`ValidatedChanges.valid`-shaped (the table's
@@ -276,7 +277,7 @@ def changes_of_batch(
     read = LandingRows(rows, [], np.arange(first_row, first_row + rows.num_rows, dtype=np.int64))
     if cdc is not None:
         read = cdc_rows(read, cdc)
-    validated = validate_file(table, read)
+    validated = validate_rows(read, table.schema, table.primary_key, table.added_columns)
     return validated.valid, rejected_rows(source, read, validated.rejections)
 
 
@@ -295,7 +296,7 @@ def stage_partition(
     prefix = f"part-{task.partitionId():05d}-{task.attemptNumber()}"
     source = f"{staging.rsplit('/', 1)[1]}/part-{task.partitionId():05d}"  # write=<id>-..., partition
     staged = StagedFiles(table.handle.storage, staging, prefix)
-    rejected: list[RejectedRow] = []
+    rejected: list[Rejection] = []
     rows = 0
     try:
         for batch in batches:
@@ -306,10 +307,8 @@ def stage_partition(
     finally:
         files = staged.close()
     rejected_path = f"{staging}/{prefix}-rejected.json" if rejected else None
-    for _ in write_quarantine_file(
-        rejected, table.handle.storage.uri(staging), f"{prefix}-rejected.json", options.storage_options
-    ):
-        pass
+    if rejected_path is not None:  # the commit copies a committed attempt's to the quarantine
+        table.handle.storage.write_bytes_atomic(rejected_path, quarantine_lines(rejected))
     return StagedPartition(
         write_id, task.partitionId(), task.attemptNumber(), tuple(files), rows, len(rejected), rejected_path
     )
@@ -401,14 +400,12 @@ def _quarantine(
     storage: TableStorage, options: WriteOptions, write_id: str, batch_id: int, parts: list[StagedPartition]
 ) -> str:
     """Copy the committed attempts' rejected rows to the quarantine; return its directory for this write."""
-    directory = join(options.quarantine_dir, f"run={write_id}")
-    quarantine = TableStorage(directory, options.storage_options)
+    quarantine = Quarantine(options.quarantine_dir, options.storage_options)
     for part in parts:
         if part.rejected_path is not None:
-            quarantine.write_bytes_atomic(
-                f"part-{batch_id}-{part.partition:05d}.json", storage.read_bytes(part.rejected_path)
-            )
-    return directory
+            name = f"run={write_id}/part-{batch_id}-{part.partition:05d}.json"
+            quarantine.copy_in(name, storage.read_bytes(part.rejected_path))
+    return quarantine.run_dir(write_id)
 
 
 class WriteLedger:

@@ -39,11 +39,17 @@ _ROOMY_MEMTABLE_BATCHES = 1 << 20
 
 @dataclass(frozen=True)
 class ShardWriteCount:
-    """What one shard made durable: upserts and deletes, one change per key."""
+    """What one shard made durable: upserts and deletes, one change per key.
+
+    An ingestion also reports the WAL bytes its writers logged and the
+    seconds the shards' writing took (together).
+    """
 
     shard_id: str
     upserts: int
     deletes: int
+    wal_bytes: int = 0
+    write_seconds: float = 0.0
 
 
 class ShardCounts(Protocol):

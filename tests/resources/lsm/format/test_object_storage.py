@@ -19,11 +19,10 @@ from resources.lsm.format.shard_manifest import list_generation_dirs
 from resources.lsm.format.storage import TableStorage, filesystem, join
 from resources.lsm.ingest.landing import (
     IngestLedger,
+    LandingLocation,
     LandingRetention,
-    list_landing_files,
     new_ledger_entry,
     read_landing_file,
-    retire_landing_files,
 )
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
@@ -78,7 +77,7 @@ def test_write_read_lookup_flush_compact_gc_on_s3(configured):
 def test_landing_files_ledger_and_retention_on_s3(configured):
     uri, options = configured
     landing = uri.replace("table.lance", "landing")
-    assert list_landing_files(landing, options) == [], "a missing landing directory has no files"
+    assert LandingLocation(landing, options).files() == [], "a missing landing directory has no files"
     storage = TableStorage(landing, options)
     storage.write_bytes_atomic("b.csv", b"id,customer\n2,bob\n")
     storage.write_bytes_atomic("a.jsonl", b'{"id": 1, "customer": "ada"}\nnot json\n')
@@ -86,7 +85,7 @@ def test_landing_files_ledger_and_retention_on_s3(configured):
     storage.write_bytes_atomic("notes.txt", b"ignored")
     storage.write_bytes_atomic("_quarantine/run=x/part.json", b"{}")
 
-    files = list_landing_files(landing, options)
+    files = LandingLocation(landing, options).files()
     assert [(f.name, f.order) for f in files] == [("a.jsonl", 0), ("b.csv", 1), ("c.parquet", 2)]
     assert all(f.path == f"{landing}/{f.name}" for f in files)
     jsonl = read_landing_file(files[0].path, storage_options=options)
@@ -95,11 +94,11 @@ def test_landing_files_ledger_and_retention_on_s3(configured):
     assert csv.table.to_pylist() == [{"id": "2", "customer": "bob"}]
     assert read_landing_file(files[2].path, storage_options=options).table["id"].to_pylist() == [3]
 
-    ledger = IngestLedger(uri, options)
+    ledger = IngestLedger(TableStorage(uri, options))
     ledger.record(new_ledger_entry(files[0], 2, 1, "run"))
     assert ledger.ingested_names() == {"a.jsonl"} and ledger.entry("a.jsonl").rejected == 1
-    assert retire_landing_files(landing, ["a.jsonl"], LandingRetention("archive"), options) == 1
-    assert [f.name for f in list_landing_files(landing, options)] == ["b.csv", "c.parquet"]
+    assert LandingLocation(landing, options).retire(["a.jsonl"], LandingRetention("archive")) == 1
+    assert [f.name for f in LandingLocation(landing, options).files()] == ["b.csv", "c.parquet"]
     assert [e.name for e in storage.list_dir(ARCHIVE_DIR)] == ["a.jsonl"]
 
 

@@ -149,7 +149,7 @@ def test_debezium_json_lines_file_keeps_file_rows_and_line_text(tmp_path):
     path = tmp_path / "orders.jsonl"
     path.write_text("\n".join(lines) + "\n")
     read = read_landing_file(str(path), cdc=DEBEZIUM)
-    assert [(r.row, r.text) for r in read.rejections] == [(3, "{broken"), (4, lines[4])]
+    assert [(r.row, r.record) for r in read.rejections] == [(3, "{broken"), (4, lines[4])]
     assert [read.file_row(i) for i in range(read.table.num_rows)] == [0, 5]
     assert read.table["name"].to_pylist() == ["a", "c"]
 

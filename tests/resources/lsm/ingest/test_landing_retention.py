@@ -10,14 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from resources.lsm.format.layout import ARCHIVE_DIR
-from resources.lsm.ingest.landing import (
-    IngestLedger,
-    LandingRetention,
-    list_landing_files,
-    new_ledger_entry,
-    retire_landing_files,
-)
-from resources.lsm.spark.ingest import ingest_landing_files, pending_landing_files
+from resources.lsm.ingest.landing import IngestLedger, LandingLocation, LandingRetention, new_ledger_entry
+from resources.lsm.ingest.landing_scan import pending_landing_files
+from resources.lsm.spark.ingest import ingest_landing_files
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, replay, write_landing_files
 from tests.helpers import rows_by_key
 
@@ -37,7 +32,7 @@ def test_archive_moves_recorded_files_and_expires_old_archives(tmp_path):
     stale.write_bytes(b"x")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
 
-    retired = retire_landing_files(str(landing), ["a.parquet"], LandingRetention("archive", 3600))
+    retired = LandingLocation(str(landing)).retire(["a.parquet"], LandingRetention("archive", 3600))
     assert retired == 1
     assert sorted(os.listdir(landing)) == [ARCHIVE_DIR, "b.parquet"]
     assert os.listdir(landing / ARCHIVE_DIR) == ["a.parquet"]  # the stale archive is gone
@@ -45,16 +40,16 @@ def test_archive_moves_recorded_files_and_expires_old_archives(tmp_path):
 
 def test_delete_and_keep(tmp_path):
     landing = _landing(tmp_path, ["a.parquet", "b.parquet"])
-    retire_landing_files(str(landing), ["a.parquet"], LandingRetention("delete"))
-    retire_landing_files(str(landing), ["b.parquet"], LandingRetention("keep"))
+    LandingLocation(str(landing)).retire(["a.parquet"], LandingRetention("delete"))
+    LandingLocation(str(landing)).retire(["b.parquet"], LandingRetention("keep"))
     assert sorted(os.listdir(landing)) == ["b.parquet"]
 
 
 def test_a_recorded_file_left_by_a_crash_is_retired_and_a_different_one_under_its_name_stays(make_table, tmp_path):
     table = make_table(EVENTS_SCHEMA)
     landing = _landing(tmp_path, ["a.parquet", "b.parquet", "c.parquet"])
-    ledger = IngestLedger(table.uri)
-    files = {f.name: f for f in list_landing_files(str(landing))}
+    ledger = IngestLedger(table.handle.storage)
+    files = {f.name: f for f in LandingLocation(str(landing)).files()}
     ledger.record(new_ledger_entry(files["a.parquet"], 1, 0, "crashed-run"))  # recorded, never retired
     ledger.record(new_ledger_entry(files["b.parquet"], 1, 0, "earlier-run"))
     (landing / "b.parquet").write_bytes(b"a longer file landed again under a recorded name")
@@ -73,6 +68,6 @@ def test_ingestion_archives_what_it_recorded_by_default(make_table, tmp_path, sp
     report = ingest_landing_files(spark, table.uri, str(landing), str(tmp_path / "quarantine"))
     assert len(report.files) == 3
     assert sorted(os.listdir(landing / ARCHIVE_DIR)) == sorted(report.files)
-    assert not list_landing_files(str(landing))
+    assert not LandingLocation(str(landing)).files()
     assert {k[0]: v for k, v in rows_by_key(table.read()).items()} == replay(batches)
     assert not ingest_landing_files(spark, table.uri, str(landing), str(tmp_path / "quarantine")).files

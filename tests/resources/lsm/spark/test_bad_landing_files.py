@@ -131,7 +131,7 @@ def test_poison_files_never_fail_the_run_and_their_good_rows_land(spark, make_ta
     assert report.scan.incomplete == ("m-trunc.parquet", "n-trunc.csv")
     assert set(report.scan.unsupported) == {"p.csv.gz", "q.tsv", "r.csv"}
     assert report.scan.unsupported["r.csv"] == "dangling symbolic link"
-    assert "m-trunc.parquet" not in IngestLedger(table.uri).ingested_names()
+    assert "m-trunc.parquet" not in IngestLedger(table.handle.storage).ingested_names()
 
     # The next run takes the files once they are complete, and nothing else changes.
     pq.write_table(pa.Table.from_pylist([good(30)], schema=None), landing / "m-trunc.parquet")

@@ -58,7 +58,7 @@ def test_ingestion_of_mixed_files_equals_the_replay_oracle_and_reruns_are_noops(
     assert len(report.files) == 6 and report.rows_quarantined == 0
     assert report.rows_read == sum(b.num_rows for b in batches)
     assert {s.shard_id for s in report.shards} <= set(table.shard_ids)
-    assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(report.files)
+    assert sorted(e.name for e in IngestLedger(table.handle.storage).entries()) == sorted(report.files)
     # Each shard was written by exactly one task, which flushed and closed its writer.
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())
     assert _staging_runs(table.uri) == [], "the run deletes its staged files"
@@ -150,6 +150,6 @@ def test_sigkill_mid_ingestion_then_rerun_equals_the_oracle(spark, make_table, t
     assert _staging_runs(table.uri) == [] and _view(reopened) == replay(batches)
     # Every file is recorded once and archived, whether the killed run or the rerun recorded it.
     assert not list((tmp_path / "landing").glob("*.parquet"))
-    assert sorted(e.name for e in IngestLedger(table.uri).entries()) == sorted(
+    assert sorted(e.name for e in IngestLedger(table.handle.storage).entries()) == sorted(
         p.name for p in (tmp_path / "landing" / ARCHIVE_DIR).glob("*.parquet")
     )

@@ -45,7 +45,7 @@ def test_spark_ingestion_from_s3_landing_with_s3_quarantine_equals_the_oracle(sp
     assert report.quarantine_path and report.quarantine_path.startswith(f"{quarantine}/run=")
     rejected = _quarantined(report.quarantine_path, options)
     assert report.rows_quarantined == len(rejected) == 1 and rejected[0]["file"] == "a-000000.csv"
-    assert sorted(e.name for e in IngestLedger(table_uri, options).entries()) == list(report.files)
+    assert sorted(e.name for e in IngestLedger(TableStorage(table_uri, options)).entries()) == list(report.files)
     archived = TableStorage(landing, options).list_dir(ARCHIVE_DIR)
     assert sorted(e.name for e in archived) == list(report.files)
     assert TableStorage(table_uri, options).list_dir("_lsm_ingest/staging") == []
