@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -66,13 +66,13 @@ class _TextTypes:
         return lambda *args, **kwargs: name
 
 
-def _build(text: str, pa: object) -> object:
+def _build(text: str, pa: Any) -> Any:  # ``pa``: the pyarrow module, or _TextTypes
     name = text.strip()  # a time zone keeps its case
     if name.lower() in SCALAR_TYPES:
         return getattr(pa, SCALAR_TYPES[name.lower()])()
     match = _FIXED_LIST.match(name)
     if match:
-        return pa.list_(_build(match["item"], pa), int(match["size"]))  # type: ignore[attr-defined]
+        return pa.list_(_build(match["item"], pa), int(match["size"]))
     match = _LIST.match(name)
     if match:
         return getattr(pa, "large_list" if match["kind"].lower() == "large_list" else "list_")(
@@ -83,7 +83,7 @@ def _build(text: str, pa: object) -> object:
         return getattr(pa, f"decimal{match['bits']}")(int(match["precision"]), int(match["scale"]))
     match = _TIMESTAMP.match(name)
     if match:
-        return pa.timestamp(match["unit"].lower(), tz=match["tz"])  # type: ignore[attr-defined]
+        return pa.timestamp(match["unit"].lower(), tz=match["tz"])
     raise ValueError(f"unknown type {text!r}; use an Arrow type name such as {_TYPE_HELP}")
 
 

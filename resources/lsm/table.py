@@ -53,7 +53,7 @@ Keys: TypeAlias = "pa.Table | pa.RecordBatch | pd.DataFrame | Iterable[object]"
 DEFAULT_WRITER_CONFIG: dict[str, Any] = {
     "durable_write": True,
     # A durable put waits for the WAL flush timer: 5 ms beats Lance's 100 ms several
-    # times over for small puts and costs no extra files (benchmarks/results/ingest.md).
+    # times over for small puts and costs no extra files (benchmarks/results/design-choices.md).
     "max_wal_flush_interval_ms": 5,
 }
 

@@ -69,9 +69,8 @@ MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
 
 # A merge either probes the primary-key BTREE once per source row or hash-joins
-# the source against a scan of the base. Measured with pylance 14.0.2 (1-3M base
-# rows, 2 cores), the hash join wins from about 0.01% of the base's rows upward
-# (50k rows into 1M: 0.07 s vs 0.20 s; 100 rows into 3M: 0.04 s vs 0.02 s).
+# the source against a scan of the base; the probes cost more than the scan from
+# about 0.01% of the base's rows upward (benchmarks/results/design-choices.md).
 _INDEX_JOIN_MAX_FRACTION = 1e-4
 # Messages of the OSErrors pylance raises when a commit loses to a concurrent one.
 _CONFLICT_MESSAGES = ("Stale SSTable compaction", "Too many concurrent writers", "commit conflict")

@@ -20,7 +20,7 @@ Lance's hash (:meth:`LsmTable.buckets`). Spark routes and orders references
 to staged files; the rows themselves go from the task that read them to the
 task that writes their shard through the table's storage
 (the staging format: :mod:`resources.lsm.spark.staging`), never through
-the JVM (see benchmarks/results/ingest.md for what that saves). There is one
+the JVM (benchmarks/results/design-choices.md says what that saves). There is one
 write task per core; partition ``t`` holds the buckets ``b`` with
 ``b % tasks == t``, so exactly one task writes each shard. The task writes
 its shards in parallel threads, through shard writers it opens (claim +
