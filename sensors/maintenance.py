@@ -117,7 +117,9 @@ class Trigger(Protocol):
 
 def missing_pending_run(table: "LsmTable", state: "ShardState") -> Decision | None:
     """Work for a shard whose pending generations have no stored pending run (its readers join keys)."""
-    if table.has_pending_run(state):
+    from resources.lsm.maintenance.pending_runs import has_pending_run
+
+    if has_pending_run(table.handle, state):
         return None
     newest = state.pending_generations[-1][0]
     return Decision(

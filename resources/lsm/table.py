@@ -35,7 +35,7 @@ from .handle import CONFIG_PRIMARY_KEY, CONFIG_SHARD_IDS, WRITER_CONFIG_KEYS, Ta
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
-from .maintenance.pending_runs import build_pending_runs, has_pending_run
+from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import merged_read, vector_search
 from .read.filter_text import checked_filter
@@ -433,10 +433,6 @@ class LsmTable:
         )
         self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
         return result
-
-    def has_pending_run(self, state: ShardState) -> bool:
-        """Whether a run over all of ``state``'s pending generations is stored (``True`` if none is pending)."""
-        return has_pending_run(self.handle, state)
 
     def build_pending_runs(self, shard: str | Sequence[str] | None = None) -> dict[str, int]:
         """Resolve each shard's pending generations into a stored run with its deletion vector.

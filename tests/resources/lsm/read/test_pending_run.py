@@ -15,6 +15,7 @@ import pyarrow as pa
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
+from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns, run_path
@@ -34,7 +35,7 @@ def merged_into_base_then_changed(uri: str) -> tuple[LsmTable, list[pa.Table]]:
         table.flush()
         if i < 2:
             table.compact(maintenance=None)
-    assert not any(table.has_pending_run(s) for s in table.shards())  # flushes build none
+    assert not any(has_pending_run(table.handle, s) for s in table.shards())  # flushes build none
     table.build_pending_runs()
     return table, batches + more
 
