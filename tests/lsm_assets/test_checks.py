@@ -25,6 +25,7 @@ from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import shard_dir
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
+from resources.lsm.write.shard_writers import ShardWriters
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
 from tests.helpers import forge_null_key_wal_entry, forge_wal_entry, keys_in_bucket, run_cli_job
@@ -138,14 +139,14 @@ def test_base_duplicates_fail_the_merged_view_check_too(make_table):
 def test_a_lost_write_fails_row_count_reconciliation(make_table, monkeypatch):
     # The probe runs on a scratch sample, so what it can catch is a write path that loses rows.
     table = history(make_table)
-    put = LsmTable._put_resolved
+    put = ShardWriters.put
 
     def lossy(self, shard_id, upserts, deletes):
         if upserts is not None and upserts.num_rows and upserts["customer"][0].as_py().startswith("probe"):
             upserts = upserts.slice(0, upserts.num_rows // 2)  # the probe's rows: acknowledged, half never stored
         return put(self, shard_id, upserts, deletes)
 
-    monkeypatch.setattr(LsmTable, "_put_resolved", lossy)
+    monkeypatch.setattr(ShardWriters, "put", lossy)
     config = {"ops": {"merged_base_row_count_reconciles": {"config": {"seed": 7, "sample_rows": 100}}}}
     failed = evaluations(table, [row_count_reconciles], run_config=config)["row_count_reconciles"]
     assert not failed.passed and failed.metadata["sample_rows"].value == 100
