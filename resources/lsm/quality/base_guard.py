@@ -127,10 +127,15 @@ def _operations_since_merge(base: lance.LanceDataset) -> list[object | None]:
 
     What came before that merge was guarded by it. ``None`` stands for a
     version without a transaction, or one pylance 14.0.2 cannot decode (a
-    rewrite that remaps indexes raises ``TypeError``).
+    rewrite that remaps indexes raises ``TypeError``). The walk also stops
+    after the oldest version garbage collection kept: older ones can no
+    longer be read, so rows appended before it are out of reach.
     """
+    retained = {v["version"] for v in base.versions()}
     operations: list[object | None] = []
     for version in range(base.version, 1, -1):
+        if version - 1 not in retained:
+            break
         try:
             transaction = base.read_transaction(version)
         except TypeError:

@@ -54,3 +54,15 @@ def test_appended_rows_rewritten_by_compact_files_are_still_checked(make_table):
     found = verify_appended_keys(table)
     assert found.rows_checked == 4
     assert sorted(found.duplicate_sample) == sorted(appended)
+
+
+def test_versions_garbage_collection_removed_end_the_walk(make_table):
+    table = make_table(EVENTS_SCHEMA)
+    write_generation(table, list(range(100)), "first")
+    table.compact()  # the merge, then the index upkeep: the merge's version is not the latest
+    table.gc(retain_versions=1, older_than=None)
+    assert verify_appended_keys(table).rows_checked == 0
+
+    lance.write_dataset(table.dataset().to_table().slice(0, 3), table.uri, mode="append")
+    found = verify_appended_keys(table)
+    assert found.rows_checked == 3 and found.duplicate_keys == 3
