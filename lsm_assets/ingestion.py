@@ -240,7 +240,24 @@ def ingest(
     if not report.files:
         return metadata
     log_report(context, report, table.shard_ids)
+    if writers is None:  # the write tasks closed their writers: each cut a generation
+        metadata |= _build_pending_runs(context, table)
     return {**metadata, **report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
+
+
+def _build_pending_runs(context: AssetExecutionContext | OpExecutionContext, table: "LsmTable") -> dict[str, Any]:
+    """Build the runs of the generations the ingestion cut, so reads never join keys for them.
+
+    The rows are durable and recorded already: a failure here is logged, and
+    the flush sensor builds the runs at its next tick.
+    """
+    started = time.monotonic()
+    try:
+        built = table.build_pending_runs()
+    except Exception as exc:
+        context.log.warning(f"building the pending runs failed (the flush sensor retries): {exc}")
+        return {}
+    return {"pending_runs_built": len(built), "pending_run_build_s": round(time.monotonic() - started, 2)}
 
 
 def landing_problems(report: "IngestReport", landing_dir: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
-from resources.region_writer import claimed_writers
+from resources.region_writer import WriterSession, claimed_writers
 from resources.spark import SparkResource
 
 from .ingestion import IngestConfig, ingest, ingest_defaults
@@ -50,13 +50,15 @@ def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
 
         Spark stages each micro-batch (read, validate, route, sort); its rows are
         written here through region writers that stay open for the whole run, so no
-        generation is cut per micro-batch. Terminating the run is a planned stop:
-        the current micro-batch is either recorded or left for the next run, the
-        writers are flushed and closed, and the step ends successfully.
+        generation is cut per micro-batch. The generations the writers cut get
+        their pending runs within seconds, built beside the writers (never
+        fencing them). Terminating the run is a planned stop: the current
+        micro-batch is either recorded or left for the next run, the writers are
+        flushed and closed, and the step ends successfully.
         """
         ingested = AssetKey(table.asset_key("ingested_changes"))
-        with claimed_writers(table_resource(context, table), context.log) as writers:
-            _ingest_until_stopped(context, config, context.resources.spark, writers, ingested)
+        with claimed_writers(table_resource(context, table), context.log) as session:
+            _ingest_until_stopped(context, config, context.resources.spark, session, ingested)
 
     return ingest_continuously
 
@@ -65,9 +67,10 @@ def _ingest_until_stopped(
     context: OpExecutionContext,
     config: ContinuousIngestConfig,
     spark: SparkResource,
-    table: "LsmTable",
+    session: "WriterSession",
     ingested: AssetKey,
 ) -> None:
+    table = session.table
     idle = batches = 0
     try:
         while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
@@ -80,6 +83,12 @@ def _ingest_until_stopped(
                 continue
             idle, batches = 0, batches + 1
             # Each micro-batch shows up as a materialization of the ingested table.
+            runs = session.runs
+            metadata |= {
+                "pending_runs_built": runs.runs_built,
+                "pending_run_build_s": round(runs.busy_seconds, 2),
+                "pending_run_max_delay_s": round(runs.max_delay_seconds, 2),
+            }
             context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate in the UI raises the first, Ctrl-C on the CLI the second:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource, InitResourceContext
@@ -16,12 +18,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from .lsm import LsmTable, WriteResult
+    from .lsm.maintenance.pending_runs import KeeperStats
+
+
+@dataclass(frozen=True)
+class WriterSession:
+    """A table whose shard writers this process holds, and the keeper building their generations' runs."""
+
+    table: LsmTable
+    runs: KeeperStats
+    """What the pending-run keeper did so far (runs built, how long after their generations were cut)."""
 
 
 @contextmanager
 def claimed_writers(
     resource: LsmTableResource, log: logging.Logger | None = None, buckets: list[int] | None = None
-) -> Iterator[LsmTable]:
+) -> Iterator[WriterSession]:
     """The table with the writers of ``buckets`` (default: every shard) claimed; on exit (success *or*
     failure) the writers are closed.
 
@@ -30,14 +42,24 @@ def claimed_writers(
     new generation. A writer fenced by another process raises
     ``WriterFencedError``: rows acknowledged before are safe in the WAL, so
     the run can simply be retried.
+
+    While the writers are open, a ``PendingRunKeeper`` builds the runs of
+    the generations they cut (every ``LSM_RUN_KEEPER_SECONDS``, default 2 s,
+    on a thread of its own: it never claims a shard); after they closed, the
+    runs of the generations the close cut are built once more, so readers
+    never fall back to joining keys for what this session wrote.
     """
+    from .lsm.maintenance.pending_runs import PendingRunKeeper
+
     table = resource.open()
     shard_ids = table.shard_ids if buckets is None else [table.shard_ids[b] for b in buckets]
     table.claim(shard_ids)
     if log:
         log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
+    keeper = PendingRunKeeper(table.handle, _keeper_seconds(), report=log.warning if log else None)
     try:
-        yield table
+        with keeper:
+            yield WriterSession(table, keeper.stats)
     finally:
         fenced = table.close()
         if log:
@@ -47,6 +69,15 @@ def claimed_writers(
                     f"shards {fenced} were fenced by another writer; their acknowledged rows stay in the WAL "
                     "for the new owner"
                 )
+        keeper.keep_up()  # the generations the close cut
+        if log:
+            log.info(f"pending runs kept up while writing: {keeper.stats}")
+
+
+def _keeper_seconds() -> float:
+    from .lsm.maintenance.pending_runs import DEFAULT_KEEPER_INTERVAL_SECONDS
+
+    return float(os.environ.get("LSM_RUN_KEEPER_SECONDS") or DEFAULT_KEEPER_INTERVAL_SECONDS)
 
 
 class RegionWriterResource(ConfigurableResource):
@@ -65,8 +96,8 @@ class RegionWriterResource(ConfigurableResource):
 
     @contextmanager
     def yield_for_execution(self, context: InitResourceContext) -> Iterator[RegionWriterResource]:
-        with claimed_writers(self.lsm_table, context.log, self.buckets) as table:
-            self._table = table
+        with claimed_writers(self.lsm_table, context.log, self.buckets) as session:
+            self._table = session.table
             try:
                 yield self
             finally:

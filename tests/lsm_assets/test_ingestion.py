@@ -17,6 +17,7 @@ from dagster import build_init_resource_context, materialize
 from jobs import continuous_ingest_job
 from lsm_assets.ingestion import ingested_changes, landing_changes
 from resources.lsm import LsmTable, WriterFencedError
+from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, replay, write_landing_files
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
@@ -66,6 +67,10 @@ def test_generate_then_ingest_lands_the_stream_with_metadata(spark, locations):
         metadata["upserts"].value + metadata["deletes"].value
     )
     assert metadata["rows_per_s"].value > 0
+    # The generations the write tasks cut have their pending runs when the run ends.
+    table = LsmTable.open(str(locations / "table.lance"))
+    assert metadata["pending_runs_built"].value == sum(1 for s in table.shards() if s.pending_generations) > 0
+    assert all(has_pending_run(table.handle, s) for s in table.shards())
 
 
 def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, locations):
@@ -94,8 +99,11 @@ def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, l
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())  # flushed on the way out
     # Writers stayed open: one generation per shard for the whole run, not one per micro-batch.
     assert max(len(s.flushed_generations) for s in table.shards()) == 1
+    assert all(has_pending_run(table.handle, s) for s in table.shards())  # built after the close cut them
     materializations = [e for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
     assert len(materializations) == 4  # one per micro-batch of one file
+    metadata = materializations[-1].event_specific_data.materialization.metadata
+    assert {"pending_runs_built", "pending_run_build_s", "pending_run_max_delay_s"} <= set(metadata)
 
 
 def test_region_writer_resource_fenced_by_another_writer_loses_nothing(locations):

@@ -7,13 +7,24 @@ scan of the base, so building runs is maintenance work, never the write
 path's. A stored run that is current is kept; one over a prefix of the
 pending generations is extended; one whose deletion vector a base rewrite
 made stale is rebuilt.
+
+Runs keep up with the generations whoever cuts them: a flush or a merge
+builds them when it ends, a batch ingestion once its writers closed, and
+while writers stay open (continuous ingestion) a :class:`PendingRunKeeper`
+builds them on a thread of its own every few seconds. Building a run never
+claims a shard: it reads generations and the base and writes one file, so
+it never fences or waits for a writer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from ..format.shard_state import ShardState
+from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..handle import TableHandle
 from ..read.deletion_vector import fragment_ids
 from ..read.level_readers import level_readers
@@ -72,3 +83,88 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> dict[st
 
     list(pool.map(store, runs))
     return {run.shard_id: run.changes.num_rows for run in runs}
+
+
+DEFAULT_KEEPER_INTERVAL_SECONDS = 2.0
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class KeeperStats:
+    """What a :class:`PendingRunKeeper` did."""
+
+    rounds: int = 0
+    runs_built: int = 0
+    changes_resolved: int = 0
+    busy_seconds: float = 0.0
+    """Time spent building runs (on the keeper's thread, not the writer's)."""
+    max_delay_seconds: float = 0.0
+    """The longest time from a generation's flush to its run being stored."""
+    errors: int = 0
+
+
+class PendingRunKeeper:
+    """Builds the runs of generations live writers cut, every ``interval_seconds``, on a thread of its own.
+
+    A generation gets its run within about ``interval_seconds`` plus one
+    build after it is flushed. A failed round (a store outage, a merge
+    racing it) is logged and retried at the next one; it never reaches the
+    writers. Use as a context manager around the writes: leaving it stops
+    the thread (after its current round).
+    """
+
+    def __init__(
+        self,
+        handle: TableHandle,
+        interval_seconds: float = DEFAULT_KEEPER_INTERVAL_SECONDS,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self._handle, self._interval = handle, interval_seconds
+        self._report = report or log.warning
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="lsm-run-keeper", daemon=True)
+        self.stats = KeeperStats()
+
+    def __enter__(self) -> PendingRunKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self._interval):
+            self.keep_up()
+
+    def keep_up(self) -> dict[str, int]:
+        """One round: build the runs missing now; return the changes stored per shard (none on failure)."""
+        started = time.monotonic()
+        try:
+            built = build_pending_runs(self._handle, self._handle.shard_ids)
+            done_ns = time.time_ns()
+            delays = [done_ns - flushed for flushed in self._newest_flushes(built)]
+        except Exception as exc:  # a round is only a shortcut for readers: the next one tries again
+            self.stats.errors += 1
+            self._report(f"building pending runs failed, retried in {self._interval:g}s: {type(exc).__name__}: {exc}")
+            return {}
+        finally:
+            self.stats.rounds += 1
+            self.stats.busy_seconds += time.monotonic() - started
+        self.stats.runs_built += len(built)
+        self.stats.changes_resolved += sum(built.values())
+        self.stats.max_delay_seconds = max([self.stats.max_delay_seconds, *(d / 1e9 for d in delays)])
+        return built
+
+    def _newest_flushes(self, built: dict[str, int]) -> list[int]:
+        """When the newest generation of each shard just given a run was flushed."""
+        if not built:
+            return []
+        states = self._handle.shard_states(shard_ids=built, for_read=True)
+        times = [
+            generation_flush_time_ns(self._handle.storage, s.shard_id, s.pending_generations[-1][1])
+            for s in states
+            if s.pending_generations
+        ]
+        return [t for t in times if t is not None]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.acero as acero
 import pyarrow.compute as pc
 
 _ROW = "__lsm_row"
@@ -59,3 +62,28 @@ def rows_of_keys(keys: pa.Table, found: pa.Table, key: list[str]) -> pa.Array:
     positions[rows] = joined.column(_FOUND).to_numpy()
     present[rows] = True
     return pa.array(positions, pa.int64(), mask=~present)
+
+
+def joinable(schema: pa.Schema) -> bool:
+    """Whether Arrow's hash join can carry every column of ``schema`` (it refuses nested and dictionary columns)."""
+    return not any(pa.types.is_nested(f.type) or pa.types.is_dictionary(f.type) for f in schema)
+
+
+def anti_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[pa.RecordBatch]:
+    """The rows of ``batches`` whose key (the columns of ``keys``) is not in ``keys``, streamed.
+
+    One Acero hash join: the key set is built once, then every batch is
+    probed as it arrives, on Acero's threads; output order is not kept,
+    the schema is ``batches``'. ``batches`` must be :func:`joinable`.
+    """
+    key = keys.column_names
+    source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
+    build = acero.Declaration("table_source", acero.TableSourceNodeOptions(keys))
+    join = acero.Declaration(
+        "hashjoin", acero.HashJoinNodeOptions("left anti", left_keys=key, right_keys=key), inputs=[source, build]
+    )
+    schema = batches.schema
+    with join.to_reader() as reader:
+        for batch in reader:
+            if batch.num_rows:  # the join's output forgets which columns are not nullable
+                yield pa.RecordBatch.from_arrays(batch.select(schema.names).columns, schema=schema)

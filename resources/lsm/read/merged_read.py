@@ -48,7 +48,7 @@ from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
-from .key_sets import key_join, key_mask, rows_of_keys
+from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
@@ -131,8 +131,7 @@ def scan(
     if filter:
         live = _filter_sql(live, filter)
     schema = pa.schema([dataset.schema.field(c) for c in columns])
-    superseded = BaseRowFilter([levels], key)
-    older = (superseded.drop_from(batch).select(columns) for batch in base)
+    older = (batch.select(columns) for batch in BaseRowFilter([levels], key).stream(base))
     newest = live.select(columns).cast(schema).to_batches()
     return pa.RecordBatchReader.from_batches(schema, (b for b in itertools.chain(older, newest) if b.num_rows))
 
@@ -147,9 +146,27 @@ class BaseRowFilter:
 
     def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch``'s surviving rows, in order, without ``_rowaddr``."""
+        return self._keys.drop_from(self._by_position(batch))
+
+    def stream(self, batches: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
+        """The surviving rows of every batch (without ``_rowaddr``), in no particular order across batches.
+
+        Keys no bitmap can test are dropped by one streaming hash anti-join
+        (:func:`~resources.lsm.read.key_sets.anti_join_stream`): its key set
+        is built once for the whole scan, where testing batch by batch would
+        build it again for every batch, a cost that follows the base.
+        """
+        schema = batches.schema.remove(batches.schema.get_field_index(ROW_ADDRESS))
+        positioned = (self._by_position(batch) for batch in batches)
+        if not self._keys.needs_join(schema):
+            yield from (self._keys.drop_from(batch) for batch in positioned)
+            return
+        yield from anti_join_stream(pa.RecordBatchReader.from_batches(schema, positioned), self._keys.keys)
+
+    def _by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
         batch = batch.drop_columns([ROW_ADDRESS])
-        return self._keys.drop_from(batch if keep.all() else rows_where(batch, keep))
+        return batch if keep.all() else rows_where(batch, keep)
 
 
 class _KeyFilter:
@@ -173,6 +190,19 @@ class _KeyFilter:
             if high - self._low < self._MAX_SPAN:
                 self._bitmap = np.zeros(high - self._low + 1, dtype=bool)
                 self._bitmap[values.to_numpy() - self._low] = True
+
+    @property
+    def keys(self) -> pa.Table:
+        return self._keys
+
+    def needs_join(self, schema: pa.Schema) -> bool:
+        """Whether a scan of ``schema`` should drop these keys with one streaming join rather than batch by batch.
+
+        A bitmap tests a batch in one lookup per row, and no keys need no
+        test; Arrow's join cannot carry nested columns (lists, structs), so
+        those scans test batch by batch too.
+        """
+        return bool(self._keys.num_rows) and self._bitmap is None and joinable(schema)
 
     def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``batch``'s rows whose key is not in the set, in order."""

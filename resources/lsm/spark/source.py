@@ -222,8 +222,7 @@ class LsmReader(DataSourceReader):
             # Ids of the pinned version's own fragments: none is missing.
             fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
             scanner = dataset.scanner(columns=wanted, filter=where, fragments=fragments, with_row_address=True)
-            for batch in scanner.to_batches():
-                base = superseded.drop_from(batch)
+            for base in superseded.stream(scanner.to_reader()):
                 if base.num_rows:
                     yield from self._output(pa.Table.from_batches([base]))
         live = live_rows(levels[partition.index].changes)

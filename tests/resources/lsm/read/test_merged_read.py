@@ -13,7 +13,7 @@ from resources.lsm import LsmTable
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
-from tests.helpers import rows_by_key
+from tests.helpers import drop_pending_runs, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
 
 EVERYTHING = {"orphan_grace_seconds": 0, "wal_grace_seconds": 0, "older_than": timedelta(0)}
@@ -160,3 +160,51 @@ def test_lookups_with_storage_options_search_generations_like_lances_planner(tmp
     planned, searched = table.lookup(keys), with_options.lookup(keys)
     assert rows_by_key(searched) == rows_by_key(planned)
     assert rows_by_key(planned) == {k: row for k, row in oracle_view(batches + more).items() if k[0] in set(keys)}
+
+
+KEYS_WITHOUT_BITMAP = {
+    "wide int64": (pa.int64(), lambda i: i * (1 << 40)),
+    "string": (pa.string(), lambda i: f"key-{i:06d}"),
+}
+
+
+@pytest.mark.parametrize("key_type", KEYS_WITHOUT_BITMAP, ids=list(KEYS_WITHOUT_BITMAP))
+@pytest.mark.parametrize("vector", [False, True], ids=["flat", "with a vector column"])
+def test_pending_keys_without_a_run_are_dropped_from_the_base_by_one_join(tmp_path, monkeypatch, key_type, vector):
+    arrow_type, key_of = KEYS_WITHOUT_BITMAP[key_type]
+    fields = [pa.field("id", arrow_type), pa.field("value", pa.int64())]
+    if vector:  # a nested column: Arrow's join cannot carry it, so batches are tested one by one
+        fields.append(pa.field("vec", pa.list_(pa.float32(), 2)))
+    schema = pa.schema(fields)
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
+
+    def rows(keys: range, value: int) -> pa.Table:
+        columns = {"id": pa.array([key_of(i) for i in keys], arrow_type), "value": [value] * len(keys)}
+        if vector:
+            columns["vec"] = pa.array([[float(i), 0.0] for i in keys], pa.list_(pa.float32(), 2))
+        return pa.table(columns, schema=schema)
+
+    table.write(rows(range(2000), 0))
+    table.close()
+    table.compact()
+    table.write(rows(range(0, 2000, 7), 1))  # pending upserts without a run: only a key join drops their base rows
+    deleted = pa.array([key_of(i) for i in range(3, 2000, 11)], arrow_type)
+    table.write(pa.table({"id": deleted, "_op": ["delete"] * len(deleted)}))
+    table.close()
+    drop_pending_runs(table)
+    joins: list[int] = []
+    anti_join_stream = merged_read.anti_join_stream
+    monkeypatch.setattr(
+        merged_read,
+        "anti_join_stream",
+        lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
+    )
+
+    read = table.read()
+
+    expected = {key_of(i): 1 if i % 7 == 0 else 0 for i in range(2000) if i % 11 != 3}
+    assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
+    assert read.num_rows == len(expected)
+    assert read.schema == table.schema  # the not-null key and column types come through the join
+    assert len(joins) == (0 if vector else 1)
+    assert table.count() == len(expected)

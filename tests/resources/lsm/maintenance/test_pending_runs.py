@@ -1,0 +1,68 @@
+"""Pending runs keep up with live writers: built beside them, never fencing them, reads right throughout."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+from resources.lsm import LsmTable
+from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.maintenance.pending_runs import PendingRunKeeper, has_pending_run
+
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
+
+
+def _live_table(tmp_path: Path) -> LsmTable:
+    """A table whose writers cut a generation every 400 rows, as a busy live writer does."""
+    return LsmTable.create(str(tmp_path / "t.lance"), SCHEMA, ["id"], num_shards=2, max_memtable_rows=400)
+
+
+def _batch(start: int, value: int, rows: int = 600) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + rows), pa.int64()), "value": [value] * rows}, schema=SCHEMA)
+
+
+def _wait_for(condition, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_generations_a_live_writer_cuts_get_runs_and_the_writer_is_never_fenced(tmp_path):
+    table = _live_table(tmp_path)
+    oracle: dict[int, int] = {}
+    with PendingRunKeeper(table.handle, interval_seconds=0.1) as keeper:
+        for i in range(8):
+            batch = _batch(i * 250, i)
+            table.write(batch)  # a fenced writer would raise WriterFencedError here
+            oracle.update(zip(batch["id"].to_pylist(), batch["value"].to_pylist(), strict=True))
+            # Reads are right at every moment, whatever the keeper is doing.
+            read = table.read()
+            assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == oracle
+        writers = set(table.writer_stats())
+        _wait_for(lambda: all(has_pending_run(table.handle, s) for s in table.shards()))
+    shards = table.shards()
+    assert all(len(s.pending_generations) >= 2 for s in shards), "the writers cut generations while live"
+    assert set(table.writer_stats()) == writers == set(table.shard_ids), "the same writers, still open"
+    assert keeper.stats.runs_built >= 2 and keeper.stats.errors == 0
+    assert 0 < keeper.stats.max_delay_seconds < 20
+    table.write(_batch(10_000, 9))  # still this object's writers: no claim in between
+    table.close()
+
+
+def test_a_failed_round_is_reported_and_the_next_one_builds_the_runs(tmp_path):
+    table = _live_table(tmp_path)
+    blocker = Path(table.uri, RUNS_DIR)
+    blocker.write_text("a file where the runs directory goes: storing a run fails")
+    problems: list[str] = []
+    with PendingRunKeeper(table.handle, interval_seconds=0.1, report=problems.append) as keeper:
+        table.write(_batch(0, 1, rows=2000))
+        _wait_for(lambda: keeper.stats.errors > 0)
+        blocker.unlink()
+        _wait_for(lambda: all(has_pending_run(table.handle, s) for s in table.shards()))
+    assert problems and "building pending runs failed" in problems[0]
+    read = table.read()
+    assert read.num_rows == 2000 and set(read["value"].to_pylist()) == {1}
+    table.close()
