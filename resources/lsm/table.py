@@ -565,7 +565,15 @@ class LsmTable:
         )
 
     def count(self, fresh: bool = True, filter: str | None = None) -> int:
-        """Number of live keys in the merged view matching ``filter`` (streamed, in bounded memory)."""
+        """Number of live keys in the merged view matching ``filter`` (``fresh`` as for :meth:`read`).
+
+        Without a filter the count comes from the base's row count and the
+        pending changes (:func:`~resources.lsm.read.merged_read.count`): its
+        cost follows the change, not the base. With one, the keys of the
+        merged view are streamed through the filter, in bounded memory.
+        """
+        if checked_filter(filter) is None:
+            return merged_read.count(self.handle.snapshot(fresh))
         return sum(batch.num_rows for batch in self.scanner(list(self.primary_key), filter, fresh))
 
     def shards(self) -> list[ShardState]:

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
-from .key_sets import rows_of_keys
+from .key_sets import rows_of_keys, semi_join_stream
 
 _SCAN_ROWS_PER_INDEXED_KEY = 500
 """Base rows a key-column scan (and join) reads in the time a BTREE ``IN`` query spends per key.
@@ -111,14 +111,16 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     The base holds each key at most once. Few keys against a large base are
     found with one ``IN`` query, which the key columns' BTREEs serve
     (the cost follows the number of keys); otherwise the base's key columns
-    are scanned, which is cheaper per key, and joined.
+    are scanned, which is cheaper per key, through one streaming join
+    (memory holds the keys and what they find, not the base's key column).
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
-    few = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows()
-    found = dataset.to_table(
-        columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key) if few else None
-    )
+    if keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows():
+        found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+    else:
+        scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
+        found = pa.Table.from_batches(semi_join_stream(scan, keys.select(primary_key)), scan.schema)
     return addresses_by_key(keys, found, primary_key, ROW_ADDRESS)
 
 

@@ -76,11 +76,20 @@ def anti_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[
     probed as it arrives, on Acero's threads; output order is not kept,
     the schema is ``batches``'. ``batches`` must be :func:`joinable`.
     """
+    return _join_stream(batches, keys, "left anti")
+
+
+def semi_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[pa.RecordBatch]:
+    """The rows of ``batches`` whose key is in ``keys``, streamed (as :func:`anti_join_stream`)."""
+    return _join_stream(batches, keys, "left semi")
+
+
+def _join_stream(batches: pa.RecordBatchReader, keys: pa.Table, join_type: str) -> Iterator[pa.RecordBatch]:
     key = keys.column_names
     source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
     build = acero.Declaration("table_source", acero.TableSourceNodeOptions(keys))
     join = acero.Declaration(
-        "hashjoin", acero.HashJoinNodeOptions("left anti", left_keys=key, right_keys=key), inputs=[source, build]
+        "hashjoin", acero.HashJoinNodeOptions(join_type, left_keys=key, right_keys=key), inputs=[source, build]
     )
     schema = batches.schema
     with join.to_reader() as reader:

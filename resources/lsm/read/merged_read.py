@@ -45,7 +45,7 @@ from lance.mem_wal import ShardSnapshot
 from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
-from .deletion_vector import DeletionVector, fragment_ids
+from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
@@ -218,6 +218,24 @@ class _KeyFilter:
             found = np.zeros(len(values), dtype=bool)
             found[in_range] = self._bitmap[offsets[in_range]]
         return rows_where(batch, ~found) if found.any() else batch
+
+
+def count(snapshot: ReadSnapshot) -> int:
+    """The number of live keys in the snapshot's merged view, from the base's row count and the pending changes.
+
+    Each pending key either supersedes its base row or is new, so the view
+    holds the base's rows, less those superseded, plus the live pending
+    upserts. A trusted run's deletion vector counts the rows its keys
+    supersede; the other pending keys are looked up in the base
+    (:func:`~resources.lsm.read.deletion_vector.base_row_addresses`). The
+    cost follows the change, not the base.
+    """
+    key = list(snapshot.primary_key)
+    levels = resolve_levels(snapshot, key)
+    found = base_row_addresses(snapshot.dataset, levels.joined_keys, key)
+    superseded = len(levels.superseded.addresses) + len(found) - int(found.null_count)
+    live: int = live_rows(levels.changes).num_rows
+    return int(snapshot.dataset.count_rows()) - superseded + live
 
 
 def rows_where(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
