@@ -1,0 +1,237 @@
+"""Reads in the states a live table is in: generations just cut, runs built, a writer busy.
+
+    .venv/bin/python benchmarks/live_reads.py                       # 64Mi rows, int64 / string / composite keys
+    .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1   # smoke run
+
+Per key kind, on a base of ``--rows`` rows (``benchmarks/scale.py``'s tables,
+built once under ``--data``, cloned by hard links), 4 shards, side by side
+with plain Lance on the same base in one run (medians of ``--repeat``
+alternating pairs):
+
+1. Generations just cut, before any run exists, with 1, 4 and 16 pending
+   generations of 50k random upserts (5% new keys: ``scale.py``'s rows) per
+   shard: the merged scan (``LsmTable.scanner()`` drained) against the base's
+   ``to_batches()``, the first scan of a reader just opened
+   (``LsmTable.open(uri)``) against a plain reader just opened, and
+   ``count()`` against the base's ``count_rows()``.
+2. The same once ``build_pending_runs()`` ran, and what building took (CPU
+   seconds per generation).
+3. While a writer process streams ``--live-rows-per-s`` changes (shard
+   writers held open, generations cut by full MemTables, a
+   ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
+   merged scan and ``count()`` against the base, and the runs' delay behind
+   the generations; then the writer's throughput with and without the
+   keeper, in alternating runs of ``--writer-batches`` puts as fast as it
+   can.
+
+Results: ``benchmarks/results/live_reads.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from multiprocessing.synchronize import Event as EventType
+from pathlib import Path
+from typing import Any
+
+import lance
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.scale import GENERATION_ROWS, KEYS, clone, drain, paired, rows_for, seconds, template
+from resources.lsm import LsmTable
+from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.maintenance.pending_runs import PendingRunKeeper
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PENDING = (1, 4, 16)
+SHARDS = 4
+
+
+def add_generations(table: LsmTable, kind: str, rows: int, count: int, rng: np.random.Generator) -> None:
+    """``count`` more flushed generations per shard, none with a run yet."""
+    for _ in range(count):
+        ids = rng.integers(0, int(rows * 1.05), GENERATION_ROWS)  # 5% beyond the base: new keys
+        table.write(rows_for(kind, ids, rng))
+        table.close()
+    table.handle.storage.delete_dir(RUNS_DIR)
+
+
+def reads(uri: str, repeat: int) -> dict[str, float]:
+    """Merged scan, a new reader's first scan and count(), each against plain Lance on the same base."""
+    table = LsmTable.open(uri)
+    base = lance.dataset(uri)
+    merged, plain = paired(lambda: drain(table.scanner()), lambda: drain(base.to_batches()), repeat)
+    new_reader, new_plain = paired(
+        lambda: drain(LsmTable.open(uri).scanner()), lambda: drain(lance.dataset(uri).to_batches()), repeat
+    )
+    counted, base_count = paired(table.count, base.count_rows, repeat)
+    return {
+        "merged_scan_s": merged,
+        "base_scan_s": plain,
+        "scan_ratio": merged / plain,
+        "new_reader_scan_s": new_reader,
+        "new_plain_reader_s": new_plain,
+        "new_reader_ratio": new_reader / new_plain,
+        "count_s": counted,
+        "base_count_s": base_count,
+        "count_vs_base_scan": counted / plain,
+    }
+
+
+def measure_pending(uri: str, kind: str, rows: int, repeat: int, rng: np.random.Generator) -> dict[str, Any]:
+    table = LsmTable.open(uri)
+    states: dict[str, Any] = {}
+    cut = 0
+    for pending in PENDING:
+        add_generations(table, kind, rows, pending - cut, rng)
+        cut = pending
+        without = reads(uri, repeat)  # through a table object opened now: no run cached
+        build = seconds(lambda: LsmTable.open(uri).build_pending_runs())
+        with_runs = reads(uri, repeat)
+        states[str(pending)] = {
+            "no_runs": without,
+            "runs": with_runs,
+            "build_runs_s": build,
+            "build_s_per_generation": build / (pending * SHARDS),
+        }
+        print(kind, pending, json.dumps(states[str(pending)], default=lambda v: round(v, 3)), flush=True)
+    return states
+
+
+def write_live(
+    uri: str, kind: str, rows: int, keep_runs: bool, batches: int, stop: EventType | None, rate: float | None = None
+) -> None:
+    """A writer process: 50k-row puts through writers held open, ``batches`` of them or until ``stop``.
+
+    ``rate`` caps the rows written per second (a steady stream), ``None`` writes as fast as it can.
+
+    With ``keep_runs`` a :class:`PendingRunKeeper` builds the runs of the
+    generations the writers cut. Writes its rows/s (and the keeper's work) to
+    ``<uri>/writer-<keep_runs>.json``.
+    """
+    table = LsmTable.open(uri)
+    rng = np.random.default_rng(7)
+    puts = [rows_for(kind, rng.integers(0, rows, GENERATION_ROWS), rng) for _ in range(min(batches, 40))]
+    written = 0
+    with PendingRunKeeper(table.handle) if keep_runs else nullcontext() as keeper:
+        started = time.perf_counter()
+        while written < batches and not (stop is not None and stop.is_set()):
+            table.write(puts[written % len(puts)])
+            written += 1
+            if rate is not None:
+                time.sleep(max(0.0, started + written * GENERATION_ROWS / rate - time.perf_counter()))
+        elapsed = time.perf_counter() - started
+    table.close()
+    result: dict[str, float] = {"rows_per_s": written * GENERATION_ROWS / elapsed, "puts": written}
+    if isinstance(keeper, PendingRunKeeper):
+        result |= {"runs_built": keeper.stats.runs_built, "max_run_delay_s": keeper.stats.max_delay_seconds}
+    Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
+
+
+def during_ingestion(uri: str, kind: str, rows: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Reads while a writer process streams changes, then the writer's throughput with and without the keeper."""
+    repeat, writer_batches = args.repeat, args.writer_batches
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    writer = context.Process(target=write_live, args=(uri, kind, rows, True, 1 << 30, stop, args.live_rows_per_s))
+    writer.start()
+    time.sleep(10)  # the writer claimed its shards and cut generations
+    live = reads(uri, repeat)
+    stop.set()
+    writer.join()
+    keeper = json.loads(Path(uri, "writer-1.json").read_text())
+    throughput: dict[bool, list[float]] = {True: [], False: []}
+    for round_ in range(2):
+        for keep in (True, False) if round_ % 2 == 0 else (False, True):
+            process = context.Process(target=write_live, args=(uri, kind, rows, keep, writer_batches, None))
+            process.start()
+            process.join()
+            throughput[keep].append(json.loads(Path(uri, f"writer-{int(keep)}.json").read_text())["rows_per_s"])
+    with_keeper, without = statistics.median(throughput[True]), statistics.median(throughput[False])
+    return {
+        "reads": live,
+        "keeper_while_reading": keeper,
+        "writer_rows_per_s_with_keeper": with_keeper,
+        "writer_rows_per_s_without_keeper": without,
+        "keeper_throughput_ratio": with_keeper / without,
+    }
+
+
+def render(results: dict[str, Any], rows: int) -> str:
+    lines = [
+        "# Reads of a live table: generations just cut, runs built, a writer busy",
+        "",
+        f"`benchmarks/live_reads.py`, base of {rows:,} rows, {SHARDS} shards, generations of {GENERATION_ROWS:,} "
+        "random upserts per shard; every ratio is against plain Lance on the same base, measured side by side "
+        "(medians of alternating pairs).",
+        "",
+        "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
+        "| count() / base scan | count() s |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, found in results["kinds"].items():
+        for pending, state in found["pending"].items():
+            for name in ("no_runs", "runs"):
+                r = state[name]
+                lines.append(
+                    f"| {kind} | {pending} | {name.replace('_', ' ')} | {r['scan_ratio']:.2f}x "
+                    f"| {r['new_reader_ratio']:.2f}x | {r['count_vs_base_scan']:.2f}x | {r['count_s']:.3f} |"
+                )
+        live = found["live"]["reads"]
+        lines.append(
+            f"| {kind} | live | writer busy | {live['scan_ratio']:.2f}x | {live['new_reader_ratio']:.2f}x "
+            f"| {live['count_vs_base_scan']:.2f}x | {live['count_s']:.3f} |"
+        )
+    lines += [
+        "",
+        "| key | building runs, s per generation (16 pending) | writer with keeper / without | run delay while live |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for kind, found in results["kinds"].items():
+        build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
+        live = found["live"]
+        delay = live["keeper_while_reading"].get("max_run_delay_s", 0.0)
+        lines.append(f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
+    parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
+    parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
+    parser.add_argument("--writer-batches", type=int, default=20, help="50k-row puts per throughput run")
+    parser.add_argument(
+        "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
+    )
+    parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
+    args = parser.parse_args()
+    results: dict[str, Any] = {"rows": args.rows, "kinds": {}}
+    scratch = Path(tempfile.mkdtemp(prefix="live-reads-"))
+    try:
+        for kind in args.kinds:
+            uri = str(clone(template(args.data, kind, args.rows), scratch / f"{kind}.lance"))
+            rng = np.random.default_rng(11)
+            pending = measure_pending(uri, kind, args.rows, args.repeat, rng)
+            live = during_ingestion(uri, kind, args.rows, args)
+            results["kinds"][kind] = {"pending": pending, "live": live}
+            shutil.rmtree(uri, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    (RESULTS / "live_reads.json").write_text(json.dumps(results, indent=1))
+    (RESULTS / "live_reads.md").write_text(render(results, args.rows))
+    print(render(results, args.rows))
+
+
+if __name__ == "__main__":
+    main()
