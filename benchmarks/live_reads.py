@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import GENERATION_ROWS, KEYS, clone, drain, paired, rows_for, seconds, template
+from benchmarks.scale import KEYS, clone, drain, paired, rows_for, seconds, template
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
@@ -57,10 +57,10 @@ PENDING = (1, 4, 16)
 SHARDS = 4
 
 
-def add_generations(table: LsmTable, kind: str, rows: int, count: int, rng: np.random.Generator) -> None:
-    """``count`` more flushed generations per shard, none with a run yet."""
+def add_generations(table: LsmTable, kind: str, rows: int, count: int, size: int, rng: np.random.Generator) -> None:
+    """``count`` more flushed generations of ``size`` random upserts (over every shard), none with a run yet."""
     for _ in range(count):
-        ids = rng.integers(0, int(rows * 1.05), GENERATION_ROWS)  # 5% beyond the base: new keys
+        ids = rng.integers(0, int(rows * 1.05), size)  # 5% beyond the base: new keys
         table.write(rows_for(kind, ids, rng))
         table.close()
     table.handle.storage.delete_dir(RUNS_DIR)
@@ -88,16 +88,16 @@ def reads(uri: str, repeat: int) -> dict[str, float]:
     }
 
 
-def measure_pending(uri: str, kind: str, rows: int, repeat: int, rng: np.random.Generator) -> dict[str, Any]:
+def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
     table = LsmTable.open(uri)
     states: dict[str, Any] = {}
     cut = 0
     for pending in PENDING:
-        add_generations(table, kind, rows, pending - cut, rng)
+        add_generations(table, kind, args.rows, pending - cut, args.generation_rows, rng)
         cut = pending
-        without = reads(uri, repeat)  # through a table object opened now: no run cached
+        without = reads(uri, args.repeat)  # through a table object opened now: no run cached
         build = seconds(lambda: LsmTable.open(uri).build_pending_runs())
-        with_runs = reads(uri, repeat)
+        with_runs = reads(uri, args.repeat)
         states[str(pending)] = {
             "no_runs": without,
             "runs": with_runs,
@@ -109,9 +109,16 @@ def measure_pending(uri: str, kind: str, rows: int, repeat: int, rng: np.random.
 
 
 def write_live(
-    uri: str, kind: str, rows: int, keep_runs: bool, batches: int, stop: EventType | None, rate: float | None = None
+    uri: str,
+    kind: str,
+    rows: int,
+    size: int,
+    keep_runs: bool,
+    batches: int,
+    stop: EventType | None,
+    rate: float | None = None,
 ) -> None:
-    """A writer process: 50k-row puts through writers held open, ``batches`` of them or until ``stop``.
+    """A writer process: puts of ``size`` rows through writers held open, ``batches`` of them or until ``stop``.
 
     ``rate`` caps the rows written per second (a steady stream), ``None`` writes as fast as it can.
 
@@ -121,7 +128,7 @@ def write_live(
     """
     table = LsmTable.open(uri)
     rng = np.random.default_rng(7)
-    puts = [rows_for(kind, rng.integers(0, rows, GENERATION_ROWS), rng) for _ in range(min(batches, 40))]
+    puts = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(min(batches, 40))]
     written = 0
     with PendingRunKeeper(table.handle) if keep_runs else nullcontext() as keeper:
         started = time.perf_counter()
@@ -129,21 +136,22 @@ def write_live(
             table.write(puts[written % len(puts)])
             written += 1
             if rate is not None:
-                time.sleep(max(0.0, started + written * GENERATION_ROWS / rate - time.perf_counter()))
+                time.sleep(max(0.0, started + written * size / rate - time.perf_counter()))
         elapsed = time.perf_counter() - started
     table.close()
-    result: dict[str, float] = {"rows_per_s": written * GENERATION_ROWS / elapsed, "puts": written}
+    result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written}
     if isinstance(keeper, PendingRunKeeper):
         result |= {"runs_built": keeper.stats.runs_built, "max_run_delay_s": keeper.stats.max_delay_seconds}
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
 
-def during_ingestion(uri: str, kind: str, rows: int, args: argparse.Namespace) -> dict[str, Any]:
+def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """Reads while a writer process streams changes, then the writer's throughput with and without the keeper."""
-    repeat, writer_batches = args.repeat, args.writer_batches
+    rows, size, repeat = args.rows, args.generation_rows, args.repeat
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
-    writer = context.Process(target=write_live, args=(uri, kind, rows, True, 1 << 30, stop, args.live_rows_per_s))
+    live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
+    writer = context.Process(target=write_live, args=live_writer)
     writer.start()
     time.sleep(10)  # the writer claimed its shards and cut generations
     live = reads(uri, repeat)
@@ -153,7 +161,7 @@ def during_ingestion(uri: str, kind: str, rows: int, args: argparse.Namespace) -
     throughput: dict[bool, list[float]] = {True: [], False: []}
     for round_ in range(2):
         for keep in (True, False) if round_ % 2 == 0 else (False, True):
-            process = context.Process(target=write_live, args=(uri, kind, rows, keep, writer_batches, None))
+            process = context.Process(target=write_live, args=(uri, kind, rows, size, keep, args.writer_batches, None))
             process.start()
             process.join()
             throughput[keep].append(json.loads(Path(uri, f"writer-{int(keep)}.json").read_text())["rows_per_s"])
@@ -167,11 +175,12 @@ def during_ingestion(uri: str, kind: str, rows: int, args: argparse.Namespace) -
     }
 
 
-def render(results: dict[str, Any], rows: int) -> str:
+def render(results: dict[str, Any]) -> str:
     lines = [
         "# Reads of a live table: generations just cut, runs built, a writer busy",
         "",
-        f"`benchmarks/live_reads.py`, base of {rows:,} rows, {SHARDS} shards, generations of {GENERATION_ROWS:,} "
+        f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards, generations of "
+        f"{results['generation_rows']:,} "
         "random upserts per shard; every ratio is against plain Lance on the same base, measured side by side "
         "(medians of alternating pairs).",
         "",
@@ -210,27 +219,28 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
     parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
-    parser.add_argument("--writer-batches", type=int, default=20, help="50k-row puts per throughput run")
+    parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
+    parser.add_argument("--writer-batches", type=int, default=20, help="puts of a generation's rows per throughput run")
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
     )
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     args = parser.parse_args()
-    results: dict[str, Any] = {"rows": args.rows, "kinds": {}}
+    results: dict[str, Any] = {"rows": args.rows, "generation_rows": args.generation_rows, "kinds": {}}
     scratch = Path(tempfile.mkdtemp(prefix="live-reads-"))
     try:
         for kind in args.kinds:
             uri = str(clone(template(args.data, kind, args.rows), scratch / f"{kind}.lance"))
             rng = np.random.default_rng(11)
-            pending = measure_pending(uri, kind, args.rows, args.repeat, rng)
-            live = during_ingestion(uri, kind, args.rows, args)
+            pending = measure_pending(uri, kind, args, rng)
+            live = during_ingestion(uri, kind, args)
             results["kinds"][kind] = {"pending": pending, "live": live}
             shutil.rmtree(uri, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     (RESULTS / "live_reads.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "live_reads.md").write_text(render(results, args.rows))
-    print(render(results, args.rows))
+    (RESULTS / "live_reads.md").write_text(render(results))
+    print(render(results))
 
 
 if __name__ == "__main__":
