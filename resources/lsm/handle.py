@@ -121,15 +121,7 @@ class TableHandle:
 
     @classmethod
     def open(cls, uri: str, storage_options: StorageOptions | None = None) -> TableHandle:
-        """Open the LSM table at ``uri``.
-
-        Raises
-        ------
-        TableNotFoundError
-            If no Lance dataset exists at ``uri``.
-        ValueError
-            If the dataset exists but was not created as an LSM table.
-        """
+        """Open the LSM table at ``uri``; raises as :meth:`LsmTable.open <resources.lsm.table.LsmTable.open>`."""
         uri = absolute_uri(uri)
         policy = RetryPolicy.from_options(storage_options)
         try:
