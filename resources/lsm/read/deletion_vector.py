@@ -116,12 +116,20 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
+    return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key), primary_key, ROW_ADDRESS)
+
+
+def count_base_rows(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> int:
+    """How many base rows hold one of ``keys``: every such row, as a scan dropping those keys drops them all."""
+    return _base_rows_of(dataset, keys, primary_key).num_rows if keys.num_rows else 0
+
+
+def _base_rows_of(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Table:
+    """The key columns and row address of every base row holding one of ``keys`` (through the index when few)."""
     if keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows():
-        found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
-    else:
-        scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
-        found = pa.Table.from_batches(semi_join_stream(scan, keys.select(primary_key)), scan.schema)
-    return addresses_by_key(keys, found, primary_key, ROW_ADDRESS)
+        return dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+    scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
+    return pa.Table.from_batches(semi_join_stream(scan, keys.select(primary_key)), scan.schema)
 
 
 def addresses_by_key(keys: pa.Table, found: pa.Table, primary_key: list[str], column: str) -> pa.Array:

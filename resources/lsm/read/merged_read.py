@@ -45,7 +45,7 @@ from lance.mem_wal import ShardSnapshot
 from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
-from .deletion_vector import DeletionVector, base_row_addresses, fragment_ids
+from .deletion_vector import DeletionVector, count_base_rows, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
@@ -226,14 +226,15 @@ def count(snapshot: ReadSnapshot) -> int:
     Each pending key either supersedes its base row or is new, so the view
     holds the base's rows, less those superseded, plus the live pending
     upserts. A trusted run's deletion vector counts the rows its keys
-    supersede; the other pending keys are looked up in the base
-    (:func:`~resources.lsm.read.deletion_vector.base_row_addresses`). The
-    cost follows the change, not the base.
+    supersede; the base rows of the other pending keys are counted through
+    the key index, or one streaming join over the key columns when the keys
+    are many (:func:`~resources.lsm.read.deletion_vector.count_base_rows`).
+    The count is the scan's, row for row, even for a base broken from outside
+    (a key held twice). The cost follows the change, not the base.
     """
     key = list(snapshot.primary_key)
     levels = resolve_levels(snapshot, key)
-    found = base_row_addresses(snapshot.dataset, levels.joined_keys, key)
-    superseded = len(levels.superseded.addresses) + len(found) - int(found.null_count)
+    superseded = len(levels.superseded.addresses) + count_base_rows(snapshot.dataset, levels.joined_keys, key)
     live: int = live_rows(levels.changes).num_rows
     return int(snapshot.dataset.count_rows()) - superseded + live
 
