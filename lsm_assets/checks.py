@@ -481,7 +481,7 @@ def _appended_key_guards(table: "LsmTable") -> dict[str, AssetCheckResult]:
     """The base key checks over the rows appended since the last merge."""
     from resources.lsm.quality.base_guard import verify_appended_keys
 
-    found = verify_appended_keys(table)
+    found = verify_appended_keys(table.handle)
     scope = {
         "scope": "rows appended to the base since the last merge",
         "versions_read": found.versions,

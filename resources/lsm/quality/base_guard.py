@@ -31,7 +31,7 @@ from ..maintenance.compaction import key_in_predicate
 from ..read.deletion_vector import fragment_ids
 
 if TYPE_CHECKING:
-    from ..table import LsmTable
+    from ..handle import TableHandle
 
 DEFAULT_MAX_APPENDED_ROWS = 1_000_000
 """Appended rows the guard probes at most (beyond: reported as unchecked)."""
@@ -74,7 +74,7 @@ class AppendedKeys:
         return not self.nullable_key_columns and self.null_keys == 0
 
 
-def verify_appended_keys(table: LsmTable, max_rows: int = DEFAULT_MAX_APPENDED_ROWS) -> AppendedKeys:
+def verify_appended_keys(table: TableHandle, max_rows: int = DEFAULT_MAX_APPENDED_ROWS) -> AppendedKeys:
     """Check the keys of the rows appended to the base since the last merge.
 
     Reads the transactions and the appended rows' key columns only; the base

@@ -13,14 +13,14 @@ def test_merged_rows_need_no_check_and_appended_duplicates_are_found(make_table)
     table = make_table(EVENTS_SCHEMA)
     write_generation(table, list(range(100)), "first")
     table.compact()
-    assert verify_appended_keys(table).rows_checked == 0  # merges keep keys unique by construction
+    assert verify_appended_keys(table.handle).rows_checked == 0  # merges keep keys unique by construction
 
     lance.write_dataset(table.dataset().to_table().slice(0, 2), table.uri, mode="append")  # two duplicates
     lance.write_dataset(table.dataset().to_table().slice(0, 0), table.uri, mode="append")
     lance.write_dataset(
         table.dataset().to_table().slice(10, 3).set_column(0, "id", [[1000, 1001, 1002]]), table.uri, mode="append"
     )
-    found = verify_appended_keys(table)
+    found = verify_appended_keys(table.handle)
     assert found.rows_checked == 5 and found.versions == 5  # 3 appends, the index upkeep, the merge
     assert found.duplicate_keys == 2 and sorted(found.duplicate_sample) == [(0,), (1,)]
     assert found.keys_not_null and not found.keys_unique
@@ -31,12 +31,12 @@ def test_the_next_merge_ends_the_scope_and_large_appends_are_left_to_quality_job
     write_generation(table, list(range(100)), "first")
     table.compact()
     lance.write_dataset(table.dataset().to_table().slice(0, 50), table.uri, mode="append")
-    assert verify_appended_keys(table, max_rows=49).rows_unchecked == 50
-    assert verify_appended_keys(table, max_rows=50).duplicate_keys == 50
+    assert verify_appended_keys(table.handle, max_rows=49).rows_unchecked == 50
+    assert verify_appended_keys(table.handle, max_rows=50).duplicate_keys == 50
 
     write_generation(table, [5000], "second")
     table.compact()
-    assert verify_appended_keys(table).rows_checked == 0  # guarded by the merge before (a known limit)
+    assert verify_appended_keys(table.handle).rows_checked == 0  # guarded by the merge before (a known limit)
 
 
 def test_appended_rows_rewritten_by_compact_files_are_still_checked(make_table):
@@ -51,7 +51,7 @@ def test_appended_rows_rewritten_by_compact_files_are_still_checked(make_table):
     table.dataset().optimize.compact_files()  # remaps the key index: a transaction pylance cannot decode
     table.dataset().optimize.optimize_indices()
 
-    found = verify_appended_keys(table)
+    found = verify_appended_keys(table.handle)
     assert found.rows_checked == 4
     assert sorted(found.duplicate_sample) == sorted(appended)
 
@@ -61,8 +61,8 @@ def test_versions_garbage_collection_removed_end_the_walk(make_table):
     write_generation(table, list(range(100)), "first")
     table.compact()  # the merge, then the index upkeep: the merge's version is not the latest
     table.gc(retain_versions=1, older_than=None)
-    assert verify_appended_keys(table).rows_checked == 0
+    assert verify_appended_keys(table.handle).rows_checked == 0
 
     lance.write_dataset(table.dataset().to_table().slice(0, 3), table.uri, mode="append")
-    found = verify_appended_keys(table)
+    found = verify_appended_keys(table.handle)
     assert found.rows_checked == 3 and found.duplicate_keys == 3
