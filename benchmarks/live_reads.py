@@ -9,13 +9,15 @@ with plain Lance on the same base in one run (medians of ``--repeat``
 alternating pairs):
 
 1. Generations just cut, before any run exists, with 1, 4 and 16 pending
-   generations of 50k random upserts (5% new keys: ``scale.py``'s rows) per
-   shard: the merged scan (``LsmTable.scanner()`` drained) against the base's
-   ``to_batches()``, the first scan of a reader just opened
+   generations per shard, each write of ``--generation-rows`` random upserts
+   over the shards (5% new keys; ``scale.py``'s rows): the merged scan
+   (``LsmTable.scanner()`` drained) against the base's ``to_batches()``,
+   the first scan of a reader just opened
    (``LsmTable.open(uri)``) against a plain reader just opened, and
-   ``count()`` against the base's ``count_rows()``.
-2. The same once ``build_pending_runs()`` ran, and what building took (CPU
-   seconds per generation).
+   ``count()`` against the base scan (Lance's ``count_rows()`` of the base
+   reads only its metadata: recorded, not a fair reference).
+2. The same once ``build_pending_runs()`` ran, and what building took (wall
+   seconds per generation, on a machine doing nothing else).
 3. While a writer process streams ``--live-rows-per-s`` changes (shard
    writers held open, generations cut by full MemTables, a
    ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
@@ -179,10 +181,10 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         "# Reads of a live table: generations just cut, runs built, a writer busy",
         "",
-        f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards, generations of "
-        f"{results['generation_rows']:,} "
-        "random upserts per shard; every ratio is against plain Lance on the same base, measured side by side "
-        "(medians of alternating pairs).",
+        f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards; each generation write "
+        f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); the live "
+        f"writer streams {results['live_rows_per_s']:,.0f} rows/s. Every ratio is against plain Lance on the same "
+        "base, measured side by side (medians of alternating pairs).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
         "| count() / base scan | count() s |",
@@ -226,7 +228,12 @@ def main() -> None:
     )
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
     args = parser.parse_args()
-    results: dict[str, Any] = {"rows": args.rows, "generation_rows": args.generation_rows, "kinds": {}}
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "generation_rows": args.generation_rows,
+        "live_rows_per_s": args.live_rows_per_s,
+        "kinds": {},
+    }
     scratch = Path(tempfile.mkdtemp(prefix="live-reads-"))
     try:
         for kind in args.kinds:
