@@ -26,7 +26,7 @@ alternating pairs):
    keeper, in alternating runs of ``--writer-batches`` puts as fast as it
    can.
 
-Results: ``benchmarks/results/live_reads.{json,md}``.
+Results: ``benchmarks/results/live_reads.{json,md}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -227,6 +227,7 @@ def main() -> None:
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
     )
     parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
+    parser.add_argument("--out", type=Path, default=RESULTS / "live_reads", help="results path without suffix")
     args = parser.parse_args()
     results: dict[str, Any] = {
         "rows": args.rows,
@@ -245,8 +246,8 @@ def main() -> None:
             shutil.rmtree(uri, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    (RESULTS / "live_reads.json").write_text(json.dumps(results, indent=1))
-    (RESULTS / "live_reads.md").write_text(render(results))
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    args.out.with_suffix(".md").write_text(render(results))
     print(render(results))
 
 
