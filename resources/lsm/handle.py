@@ -117,7 +117,9 @@ class TableHandle:
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest never changes: decode its markers once per version, not once per read.
         self._compacted_generations = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
-        self._read_base: lance.LanceDataset | None = None
+        self.schema: pa.Schema = dataset.schema
+        """The base's columns when the handle was opened (:meth:`dataset` has the latest)."""
+        self._read_base: lance.LanceDataset | None = dataset  # reused for reads while no commit comes
 
     @classmethod
     def open(cls, uri: str, storage_options: StorageOptions | None = None) -> TableHandle:
@@ -125,7 +127,12 @@ class TableHandle:
         uri = absolute_uri(uri)
         policy = RetryPolicy.from_options(storage_options)
         try:
-            dataset = retrying(lambda: lance.dataset(uri, storage_options=storage_options), "open", uri, policy)
+            dataset = retrying(
+                lambda: lance.dataset(uri, storage_options=storage_options, session=shared_session()),
+                "open",
+                uri,
+                policy,
+            )
         except ValueError as exc:
             if "was not found" in str(exc):
                 raise TableNotFoundError(f"no table at {uri}") from exc

@@ -70,7 +70,7 @@ class LsmTable:
     def __init__(self, handle: TableHandle) -> None:
         self.handle = handle
         """The table's plumbing (location, router, read caches), for the engine's own modules."""
-        self.schema: pa.Schema = handle.dataset().schema
+        self.schema: pa.Schema = handle.schema
         """The columns this object writes and reads by default (as opened; :meth:`add_columns` updates it)."""
         self._writers = ShardWriters(handle)
 

@@ -145,7 +145,7 @@ class LsmDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        table_schema = TableHandle.open(self._uri, storage_options_of(self.options)).dataset().schema
+        table_schema = TableHandle.open(self._uri, storage_options_of(self.options)).schema
         columns = _columns_option(self.options) or table_schema.names
         return from_arrow_schema(pa.schema([_plain(table_schema.field(c)) for c in columns]))
 
@@ -179,7 +179,7 @@ class LsmReader(DataSourceReader):
         self.uri = table.uri
         self.storage_options = table.storage_options
         self.primary_key = list(table.primary_key)
-        self.table_schema = table.dataset().schema
+        self.table_schema = table.schema
         self.columns = schema.fieldNames()
         self.output_schema = to_arrow_schema(schema, timezone="UTC")
         self.fresh = fresh
@@ -196,7 +196,7 @@ class LsmReader(DataSourceReader):
     def partitions(self) -> Sequence[ShardRangePartition]:
         """Pin the snapshot and split it into one partition per shard range."""
         table = TableHandle.open(self.uri, self.storage_options)
-        dataset = table.dataset()
+        dataset = table.dataset_to_read()  # the version just opened, unless a commit came since
         pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset, for_read=True))
         slices = _balanced_slices(dataset, len(pins))
         return [ShardRangePartition(i, dataset.version, slices[i], pins) for i in range(len(pins))]
