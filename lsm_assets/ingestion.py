@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from resources.lsm import LsmTable
     from resources.lsm.ingest.landing import LandingPolicy, LandingRetention as LandingRetentionPolicy
+    from resources.lsm.maintenance.pending_runs import KeeperStats
     from resources.lsm.spark.ingest import IngestReport
 
 
@@ -251,13 +252,20 @@ def _build_pending_runs(context: AssetExecutionContext | OpExecutionContext, tab
     The rows are durable and recorded already: a failure here is logged, and
     the flush sensor builds the runs at its next tick.
     """
-    started = time.monotonic()
-    try:
-        built = table.build_pending_runs()
-    except Exception as exc:
-        context.log.warning(f"building the pending runs failed (the flush sensor retries): {exc}")
-        return {}
-    return {"pending_runs_built": len(built), "pending_run_build_s": round(time.monotonic() - started, 2)}
+    from resources.lsm.maintenance.pending_runs import PendingRunKeeper
+
+    keeper = PendingRunKeeper(table.handle, report=context.log.warning)
+    keeper.keep_up()
+    return {} if keeper.stats.errors else pending_run_metadata(keeper.stats)
+
+
+def pending_run_metadata(stats: "KeeperStats") -> dict[str, Any]:
+    """What building the pending runs of a run's generations did, as materialization metadata."""
+    return {
+        "pending_runs_built": stats.runs_built,
+        "pending_run_build_s": round(stats.busy_seconds, 2),
+        "pending_run_max_delay_s": round(stats.max_delay_seconds, 2),
+    }
 
 
 def landing_problems(report: "IngestReport", landing_dir: str) -> dict[str, str]:

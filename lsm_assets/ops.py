@@ -25,7 +25,7 @@ from resources.declared_table import DeclaredTable
 from resources.region_writer import WriterSession, claimed_writers
 from resources.spark import SparkResource
 
-from .ingestion import IngestConfig, ingest, ingest_defaults
+from .ingestion import IngestConfig, ingest, ingest_defaults, pending_run_metadata
 from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table, table_resource
 
 if TYPE_CHECKING:
@@ -83,12 +83,7 @@ def _ingest_until_stopped(
                 continue
             idle, batches = 0, batches + 1
             # Each micro-batch shows up as a materialization of the ingested table.
-            runs = session.runs
-            metadata |= {
-                "pending_runs_built": runs.runs_built,
-                "pending_run_build_s": round(runs.busy_seconds, 2),
-                "pending_run_max_delay_s": round(runs.max_delay_seconds, 2),
-            }
+            metadata |= pending_run_metadata(session.runs)
             context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate in the UI raises the first, Ctrl-C on the CLI the second:

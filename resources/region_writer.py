@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
+from .settings import run_keeper_seconds
 from .table_resource import LsmTableResource
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def claimed_writers(
     table.claim(shard_ids)
     if log:
         log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
-    keeper = PendingRunKeeper(table.handle, _keeper_seconds(), report=log.warning if log else None)
+    keeper = PendingRunKeeper(table.handle, run_keeper_seconds(), report=log.warning if log else None)
     try:
         with keeper:
             yield WriterSession(table, keeper.stats)
@@ -72,12 +72,6 @@ def claimed_writers(
         keeper.keep_up()  # the generations the close cut
         if log:
             log.info(f"pending runs kept up while writing: {keeper.stats}")
-
-
-def _keeper_seconds() -> float:
-    from .lsm.maintenance.pending_runs import DEFAULT_KEEPER_INTERVAL_SECONDS
-
-    return float(os.environ.get("LSM_RUN_KEEPER_SECONDS") or DEFAULT_KEEPER_INTERVAL_SECONDS)
 
 
 class RegionWriterResource(ConfigurableResource):

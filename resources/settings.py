@@ -29,6 +29,13 @@ def quarantine_dir() -> str:
     return os.environ.get("LSM_QUARANTINE_DIR", os.path.join(landing_dir(), "_quarantine"))
 
 
+def run_keeper_seconds() -> float:
+    """``LSM_RUN_KEEPER_SECONDS``: how often a run holding shard writers builds the runs of the generations they cut."""
+    from .lsm.maintenance.pending_runs import DEFAULT_KEEPER_INTERVAL_SECONDS
+
+    return float(os.environ.get("LSM_RUN_KEEPER_SECONDS") or DEFAULT_KEEPER_INTERVAL_SECONDS)
+
+
 def num_shards() -> int:
     """``LSM_NUM_SHARDS``: shards of a new table, and the shard partitions of maintenance assets."""
     return int(os.environ.get("LSM_NUM_SHARDS", "4"))

@@ -453,7 +453,7 @@ class LsmTable:
             Changes stored per shard whose run was (re)built: one covering new
             generations, or whose deletion vector a base rewrite made stale.
         """
-        return build_pending_runs(self.handle, self._shard_list(shard))
+        return {run.shard_id: run.changes.num_rows for run in build_pending_runs(self.handle, self._shard_list(shard))}
 
     def gc(
         self,

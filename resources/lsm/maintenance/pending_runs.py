@@ -37,13 +37,13 @@ def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
     return not pending or handle.storage.exists(run_path(state.shard_id, pending))
 
 
-def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> dict[str, int]:
-    """(Re)build the runs of ``shard_ids`` that are missing or stale; return the changes stored per shard.
+def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[PendingRun]:
+    """(Re)build the runs of ``shard_ids`` that are missing or stale; return the runs stored.
 
     Idempotent, and cheap when nothing changed: current runs are only checked.
     """
     if not shard_ids:
-        return {}
+        return []
     dataset = handle.dataset()
     present = fragment_ids(dataset)
     states = [s for s in handle.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
@@ -82,7 +82,7 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> dict[st
         handle.runs.remember(run)
 
     list(pool.map(store, runs))
-    return {run.shard_id: run.changes.num_rows for run in runs}
+    return runs
 
 
 DEFAULT_KEEPER_INTERVAL_SECONDS = 2.0
@@ -138,33 +138,30 @@ class PendingRunKeeper:
         while not self._stopped.wait(self._interval):
             self.keep_up()
 
-    def keep_up(self) -> dict[str, int]:
-        """One round: build the runs missing now; return the changes stored per shard (none on failure)."""
+    def keep_up(self) -> None:
+        """One round: build the runs missing now, adding what it did to :attr:`stats`.
+
+        A failure is counted and reported, never raised: readers join keys
+        for those generations until a later round (or the flush sensor) builds
+        their runs.
+        """
         started = time.monotonic()
         try:
             built = build_pending_runs(self._handle, self._handle.shard_ids)
             done_ns = time.time_ns()
             delays = [done_ns - flushed for flushed in self._newest_flushes(built)]
-        except Exception as exc:  # a round is only a shortcut for readers: the next one tries again
+        except Exception as exc:  # a round is only a shortcut for readers
             self.stats.errors += 1
-            self._report(f"building pending runs failed, retried in {self._interval:g}s: {type(exc).__name__}: {exc}")
-            return {}
+            self._report(f"building pending runs failed (readers join keys until a later build): {exc!r}")
+            return
         finally:
             self.stats.rounds += 1
             self.stats.busy_seconds += time.monotonic() - started
         self.stats.runs_built += len(built)
-        self.stats.changes_resolved += sum(built.values())
+        self.stats.changes_resolved += sum(run.changes.num_rows for run in built)
         self.stats.max_delay_seconds = max([self.stats.max_delay_seconds, *(d / 1e9 for d in delays)])
-        return built
 
-    def _newest_flushes(self, built: dict[str, int]) -> list[int]:
-        """When the newest generation of each shard just given a run was flushed."""
-        if not built:
-            return []
-        states = self._handle.shard_states(shard_ids=built, for_read=True)
-        times = [
-            generation_flush_time_ns(self._handle.storage, s.shard_id, s.pending_generations[-1][1])
-            for s in states
-            if s.pending_generations
-        ]
+    def _newest_flushes(self, built: list[PendingRun]) -> list[int]:
+        """When the newest generation each run just built covers was flushed."""
+        times = [generation_flush_time_ns(self._handle.storage, r.shard_id, r.generations[-1][1]) for r in built]
         return [t for t in times if t is not None]
