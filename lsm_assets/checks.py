@@ -19,27 +19,31 @@ imported when a check runs, not with the definitions.
 
 import secrets
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     Config,
     Failure,
     MetadataValue,
+    multi_asset_check,
 )
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
 from resources.gx_resource import GreatExpectationsResource
 
-from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table, table_check
+from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,6 +71,7 @@ class KeyCheck:
     description: str
 
     def evaluate(self, table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
+        """The check's result on ``table``'s level."""
         streamed = self._streamed(table, gx)
         if streamed is not None:
             return streamed
@@ -109,20 +114,6 @@ class KeyCheck:
             },
         )
 
-    def definition(self, table: DeclaredTable) -> AssetChecksDefinition:
-        @table_check(
-            table,
-            self.name,
-            self.asset,
-            blocking=True,
-            description=self.description,
-            resources=[GX_RESOURCE],
-        )
-        def _check(context: AssetCheckExecutionContext) -> AssetCheckResult:
-            return self.evaluate(open_table(context, table), context.resources.gx)
-
-        return _check
-
 
 KEY_CHECKS = [
     KeyCheck(
@@ -156,25 +147,6 @@ KEY_CHECKS = [
         "No primary-key column of the base table holds a null (GX not-null expectation).",
     ),
 ]
-
-
-def _schema_conforms(declared: DeclaredTable) -> AssetChecksDefinition:
-    @table_check(
-        declared,
-        "schema_conforms",
-        INGESTED,
-        blocking=True,
-        description=(
-            "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
-            "the merged view has the table's columns in order (GX); every pending generation and unflushed "
-            "WAL entry has the table's columns and types plus _tombstone."
-        ),
-        resources=[GX_RESOURCE],
-    )
-    def schema_conforms(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        return _conformance(open_table(context, declared), context.resources.gx)
-
-    return schema_conforms
 
 
 def _conformance(table: "LsmTable", gx: GreatExpectationsResource) -> AssetCheckResult:
@@ -236,25 +208,6 @@ def _key_problems(table: "LsmTable") -> list[str]:
 # ------------------------------------------------------------ shard state
 
 
-def _shards_recoverable(declared: DeclaredTable) -> AssetChecksDefinition:
-    @table_check(
-        declared,
-        "shards_recoverable",
-        FLUSHED,
-        blocking=True,
-        description=(
-            "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation "
-            "above the compacted marker listed, opening, with the manifest's physical row count; WAL entries "
-            "after the replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan "
-            "directories warn."
-        ),
-    )
-    def shards_recoverable(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        return _recoverable(open_table(context, declared))
-
-    return shards_recoverable
-
-
 def _recoverable(table: "LsmTable", buckets: list[int] | None = None) -> AssetCheckResult:
     """The ``shards_recoverable`` result for ``buckets`` (all shards when ``None``)."""
     from resources.lsm.quality.recovery_checks import Severity, verify_shards
@@ -304,26 +257,6 @@ class DrillCheckConfig(ScratchConfig):
     batches_per_generation: int = Field(default=3, description="Batches between the writer's flushes.")
 
 
-def _row_count_reconciles(declared: DeclaredTable) -> AssetChecksDefinition:
-    @table_check(
-        declared,
-        "row_count_reconciles",
-        MERGED,
-        description=(
-            "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
-            "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
-            "change when it is flushed and merged."
-        ),
-    )
-    def row_count_reconciles(
-        context: AssetCheckExecutionContext,
-        config: config_with_defaults(ScratchConfig, declared, sample_rows=declared.quality.sample_rows),
-    ) -> AssetCheckResult:
-        return _reconciliation(open_table(context, declared), config)
-
-    return row_count_reconciles
-
-
 def _reconciliation(table: "LsmTable", config: ScratchConfig) -> AssetCheckResult:
     """The ``row_count_reconciles`` result for ``table``."""
     from resources.lsm.quality.reconciliation import probe_reconciliation
@@ -344,27 +277,6 @@ def _reconciliation(table: "LsmTable", config: ScratchConfig) -> AssetCheckResul
             }
         )
     return AssetCheckResult(passed=all(s.passed for s in steps), metadata=metadata)
-
-
-def _recovery_drill(declared: DeclaredTable) -> AssetChecksDefinition:
-    @table_check(
-        declared,
-        "recovery_drill",
-        MERGED,
-        description=(
-            "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
-            "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
-            "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
-            "in-flight batch is applied atomically per key or not at all."
-        ),
-    )
-    def recovery_drill(
-        context: AssetCheckExecutionContext,
-        config: config_with_defaults(DrillCheckConfig, declared, sample_rows=declared.quality.sample_rows),
-    ) -> AssetCheckResult:
-        return _drill(open_table(context, declared), config)
-
-    return recovery_drill
 
 
 def _drill(table: "LsmTable", config: DrillCheckConfig) -> AssetCheckResult:
@@ -409,32 +321,131 @@ def _seed(seed: int | None) -> int:
     return secrets.randbelow(2**31) if seed is None else seed
 
 
+# ------------------------------------------------------------ per table
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    """One data-quality check of a table: the asset it guards, whether it blocks, how it is evaluated.
+
+    ``evaluate`` takes the opened table, the GX resource and the probes' config
+    (run config of the step, for checks that are ``configured``).
+    """
+
+    name: str
+    asset: str
+    description: str
+    evaluate: Callable[["LsmTable", GreatExpectationsResource, DrillCheckConfig], AssetCheckResult]
+    blocking: bool = False
+    configured: bool = False
+
+
+def _key_check(check: KeyCheck) -> TableCheck:
+    return TableCheck(check.name, check.asset, check.description, lambda t, gx, _: check.evaluate(t, gx), True)
+
+
+CHECKS = [
+    *map(_key_check, KEY_CHECKS[:2]),
+    TableCheck(
+        "schema_conforms",
+        INGESTED,
+        "The table's declared key is exactly the fields with Lance primary-key metadata, non-nullable; "
+        "the merged view has the table's columns in order (GX); every pending generation and unflushed "
+        "WAL entry has the table's columns and types plus _tombstone.",
+        lambda table, gx, _: _conformance(table, gx),
+        blocking=True,
+    ),
+    *map(_key_check, KEY_CHECKS[2:]),
+    TableCheck(
+        "shards_recoverable",
+        FLUSHED,
+        "WAL-replay recovery per shard: manifest versions contiguous and increasing; every generation "
+        "above the compacted marker listed, opening, with the manifest's physical row count; WAL entries "
+        "after the replay position contiguous, readable Arrow IPC, epochs <= the shard's. Orphan "
+        "directories warn.",
+        lambda table, _gx, _config: _recoverable(table),
+        blocking=True,
+    ),
+    TableCheck(
+        "row_count_reconciles",
+        MERGED,
+        "Row-count reconciliation on a scratch table seeded with a sample of the merged view: its view "
+        "grows by exactly inserted - deleted keys when a generated change batch is ingested, and does not "
+        "change when it is flushed and merged.",
+        lambda table, _gx, config: _reconciliation(table, config),
+        configured=True,
+    ),
+    TableCheck(
+        "recovery_drill",
+        MERGED,
+        "Recovery drill on a scratch table seeded with a sample of the merged view: a writer process is "
+        "SIGKILLed at a random moment; the shards are replayed, flushed and merged across at least three "
+        "generations; every acknowledged change is present exactly once, deleted keys stay deleted, the "
+        "in-flight batch is applied atomically per key or not at all.",
+        lambda table, _gx, config: _drill(table, config),
+        configured=True,
+    ),
+]
+"""Every table's checks, in the order a quality run evaluates them."""
+
+
 def table_checks(table: DeclaredTable) -> list[AssetChecksDefinition]:
-    """Every data-quality check of ``table``, on its own assets."""
-    key_checks = [check.definition(table) for check in KEY_CHECKS]
-    return [
-        *key_checks[:2],
-        _schema_conforms(table),
-        *key_checks[2:],
-        _shards_recoverable(table),
-        _row_count_reconciles(table),
-        _recovery_drill(table),
-    ]
+    """``table``'s data-quality checks: one definition (one step) per checked asset.
+
+    A step per asset, not per check, keeps a table's definitions few (each
+    costs the code location's load time); a run may still select single
+    checks, and a blocking check still stops its asset's downstream steps.
+    """
+    return [_asset_checks(table, asset) for asset in CHECKED_ASSETS]
+
+
+def _asset_checks(table: DeclaredTable, asset: str) -> AssetChecksDefinition:
+    """The step evaluating ``table``'s checks on ``asset`` (those a run selected)."""
+    key = AssetKey(table.asset_key(asset))
+    checks = {c.name: c for c in CHECKS if c.asset == asset}
+    specs = [AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking) for c in checks.values()]
+    define = multi_asset_check(
+        name=table.job_name(f"{asset}_checks"),
+        specs=specs,
+        can_subset=True,
+        required_resource_keys={table.resource_key, GX_RESOURCE},
+    )
+
+    def evaluate(context: AssetCheckExecutionContext, config: DrillCheckConfig) -> Iterator[AssetCheckResult]:
+        lsm = open_table(context, table)
+        for name in (n for n in checks if AssetCheckKey(key, n) in context.selected_asset_check_keys):
+            yield checks[name].evaluate(lsm, context.resources.gx, config)._replace(asset_key=key, check_name=name)
+
+    if not any(c.configured for c in checks.values()):
+
+        def unconfigured_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+            yield from evaluate(context, DrillCheckConfig())
+
+        return define(unconfigured_checks)
+    config_class = config_with_defaults(DrillCheckConfig, table, sample_rows=table.quality.sample_rows)
+
+    def configured_checks(context: AssetCheckExecutionContext, config: config_class) -> Iterator[AssetCheckResult]:
+        yield from evaluate(context, config)
+
+    return define(configured_checks)
+
+
+def _check_key(name: str) -> AssetCheckKey:
+    """The default table's check ``name``."""
+    (check,) = (c for c in CHECKS if c.name == name)
+    return AssetCheckKey(AssetKey(DEFAULT_TABLE.asset_key(check.asset)), name)
 
 
 all_checks = table_checks(DEFAULT_TABLE)
 """The default table's checks."""
-(
-    merged_view_primary_key_unique,
-    merged_view_primary_key_not_null,
-    schema_conforms,
-    base_primary_key_unique,
-    base_primary_key_not_null,
-    shards_recoverable,
-    row_count_reconciles,
-    recovery_drill,
-) = all_checks
-
+merged_view_primary_key_unique = _check_key("merged_view_primary_key_unique")
+merged_view_primary_key_not_null = _check_key("merged_view_primary_key_not_null")
+schema_conforms = _check_key("schema_conforms")
+base_primary_key_unique = _check_key("base_primary_key_unique")
+base_primary_key_not_null = _check_key("base_primary_key_not_null")
+shards_recoverable = _check_key("shards_recoverable")
+row_count_reconciles = _check_key("row_count_reconciles")
+recovery_drill = _check_key("recovery_drill")
 
 # ------------------------------------------------------------- merge guards
 

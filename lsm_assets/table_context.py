@@ -3,7 +3,7 @@
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from dagster import Config, OpExecutionContext, asset, asset_check
+from dagster import Config, OpExecutionContext, asset
 from pydantic import BaseModel, Field, create_model
 
 from resources.declared_table import DeclaredTable
@@ -36,15 +36,6 @@ def table_asset(table: DeclaredTable, name: str, *, resources: Iterable[str] = (
         group_name=table.group,
         required_resource_keys={table.resource_key, *resources},
         **kwargs,
-    )
-
-
-def table_check(
-    table: DeclaredTable, name: str, asset_name: str, *, resources: Iterable[str] = (), **kwargs: Any
-) -> Any:
-    """``@asset_check`` ``name`` on ``table``'s asset ``asset_name``, with its table's resource (and ``resources``)."""
-    return asset_check(
-        name=name, asset=table.asset_key(asset_name), required_resource_keys={table.resource_key, *resources}, **kwargs
     )
 
 

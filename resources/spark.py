@@ -1,5 +1,10 @@
 """``SparkResource``: the Spark session of a run (dagster-pyspark's), started only when a step asks for it.
 
+Neither dagster-pyspark nor PySpark is imported with the definitions (PySpark's
+modules cost about 0.4 s, paid by every code-server start, sensor tick and
+run): the resource builds dagster-pyspark's ``LazyPySparkResource`` the first
+time a step asks for the session (:mod:`resources.lazy_pyspark`).
+
 ``SPARK_MASTER`` (default ``local[*]``) picks the cluster. Executors run the
 interpreter ``PYSPARK_PYTHON`` names (default: this one), so on one machine
 they see the same pinned packages; see :func:`spark_conf` for cluster masters.
@@ -11,13 +16,15 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dagster_pyspark import LazyPySparkResource
-from pydantic import Field
+from dagster import ConfigurableResource
+from pydantic import Field, PrivateAttr
 
 from .settings import spark_master
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from .lazy_pyspark import PlatformPySparkResource
 
 
 def spark_conf(master: str) -> dict[str, str]:
@@ -80,18 +87,27 @@ def spark_session(master: str | None = None, extra_conf: dict[str, str] | None =
     return session
 
 
-class SparkResource(LazyPySparkResource):
+class SparkResource(ConfigurableResource):
     """dagster-pyspark's lazy Spark session, with the platform's settings and ``lance_lsm`` registered.
 
-    A run whose steps never touch :attr:`spark_session` starts no JVM.
-    ``spark_config`` adds Spark settings to :func:`spark_conf`'s.
+    A run whose steps never touch :attr:`spark_session` starts no JVM and
+    imports no PySpark. ``spark_config`` adds Spark settings to :func:`spark_conf`'s.
     """
 
     master: str = Field(default_factory=spark_master, description="Spark master URL (env SPARK_MASTER).")
     spark_config: dict[str, Any] = Field(default_factory=dict, description="More Spark settings for the session.")
+    _pyspark: PlatformPySparkResource | None = PrivateAttr(default=None)
 
-    def _init_session(self) -> None:
-        # The process's one session (see spark_session): tests and long-lived
-        # workers share it, and a run process ends right after its steps anyway.
-        if self._spark_session is None:
-            self._spark_session = spark_session(self.master, self.spark_config)
+    @property
+    def pyspark(self) -> PlatformPySparkResource:
+        """dagster-pyspark's ``LazyPySparkResource`` for these settings (built on first use)."""
+        if self._pyspark is None:
+            from .lazy_pyspark import PlatformPySparkResource
+
+            self._pyspark = PlatformPySparkResource(master=self.master, spark_config=self.spark_config)
+        return self._pyspark
+
+    @property
+    def spark_session(self) -> SparkSession:
+        """The session, started on first use (the process's one session: see :func:`spark_session`)."""
+        return self.pyspark.spark_session

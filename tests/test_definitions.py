@@ -34,16 +34,25 @@ def test_definitions_import_in_a_process_without_a_main_file():
     assert result.stdout.strip() == "imported", result.stderr
 
 
-HEAVY_MODULES = ("great_expectations", "lance", "pyarrow", "pandas", "numpy", "matplotlib", "scipy")
+HEAVY_MODULES = (
+    "great_expectations",
+    "lance",
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "matplotlib",
+    "scipy",
+    "pyspark",
+    "dagster_pyspark",
+)
 
 
 def test_loading_the_definitions_imports_nothing_heavy():
     """Every run, sensor tick and code-server start imports the definitions: the
     libraries a step uses are imported by that step (``import definitions``
     measured 0.7-2.0 s and 66 MB this way, against 4-10 s and 348 MB before).
-    PySpark's Python modules are the exception: dagster-pyspark's resource
-    class imports ``pyspark.sql`` (about 0.4 s; no JVM starts until a step
-    asks for the session)."""
+    The Spark resource builds dagster-pyspark's resource, which imports
+    ``pyspark.sql`` (about 0.4 s), when a step first asks for the session."""
     script = (
         "import sys, definitions; definitions.defs.get_repository_def(); "
         f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))"

@@ -12,6 +12,7 @@ from dagster import AssetSelection, Definitions, define_asset_job, in_process_ex
 import lsm_assets.ingestion
 import lsm_assets.maintenance
 from lsm_assets.checks import (
+    CHECKS,
     all_checks,
     base_primary_key_not_null,
     base_primary_key_unique,
@@ -147,7 +148,7 @@ def test_a_lost_write_fails_row_count_reconciliation(make_table, monkeypatch):
         return put(self, shard_id, upserts, deletes)
 
     monkeypatch.setattr(ShardWriters, "put", lossy)
-    config = {"ops": {"merged_base_row_count_reconciles": {"config": {"seed": 7, "sample_rows": 100}}}}
+    config = {"ops": {"merged_base_checks": {"config": {"seed": 7, "sample_rows": 100}}}}
     failed = evaluations(table, [row_count_reconciles], run_config=config)["row_count_reconciles"]
     assert not failed.passed and failed.metadata["sample_rows"].value == 100
     expected, actual = failed.metadata["ingest_expected_change"].value, failed.metadata["ingest_actual_change"].value
@@ -305,7 +306,7 @@ def test_quality_job_runs_from_the_cli_against_a_new_default_table(tmp_path):
         "LSM_LANDING_DIR": str(tmp_path / "landing"),
     }
     output = run_cli_job("quality_job", env)
-    assert output.count("ASSET_CHECK_EVALUATION") == len(all_checks)
+    assert output.count("ASSET_CHECK_EVALUATION") == len(CHECKS)
     assert "RUN_SUCCESS" in output and (tmp_path / "table.lance").exists()
 
 
