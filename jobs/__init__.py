@@ -1,21 +1,30 @@
 """When things run: each table's jobs.
 
-Every table gets the same jobs, named after it (:func:`table_jobs`):
+Every declared table gets the same jobs, named after it (:func:`table_jobs`):
 ``<table>_ingest_job``, ``<table>_continuous_ingest_job``,
-``<table>_add_columns_job``, ``<table>_flush_job``, ``<table>_merge_job``,
-``<table>_gc_job``, ``<table>_quality_job`` and, for a table with demo data,
-``<table>_demo_job`` (end to end). The default table (``LSM_TABLE_URI``)
-keeps the unprefixed names, so existing scripts keep working::
+``<table>_maintenance_job`` (flush, merge and GC: a whole pass, or the
+steps a run selects), ``<table>_quality_job`` and, for a table with demo
+data, ``<table>_demo_job`` (end to end). A declared table's columns evolve
+through its declaration (``evolve: true``), so it has no add-columns job.
+The default table (``LSM_TABLE_URI``) keeps its historical jobs, so existing
+scripts keep working: ``ingest_job``, ``continuous_ingest_job``,
+``add_columns_job``, ``flush_job``, ``merge_job``, ``gc_job``,
+``quality_job``, ``demo_job``::
 
-    dagster job execute -m definitions -j merge_job            # the default table
-    dagster job execute -m definitions -j orders_merge_job     # the declared table `orders`
+    dagster job execute -m definitions -j merge_job                 # the default table
+    dagster job execute -m definitions -j orders_maintenance_job    # flush, merge, GC `orders`
+    dagster asset materialize -m definitions --select orders/merged_base   # only merge `orders`
+
+A table's jobs are few on purpose: each job costs the code location's load
+time (its snapshot is computed when the webserver loads the definitions).
 
 Every job runs in one process (steps are short, and a process per step would
 pay the code location's import again for each). Every run carries
 ``lsm/table: <table>``. Jobs that hold shard writers carry
 ``lsm/writer: <table>``, so a flush never claims a shard from a live
-ingestion of the same table; flush and merge runs carry
-``lsm/maintenance: <table>/<kind>``. ``deploy/dagster.yaml`` limits each of
+ingestion of the same table; the sensors' flush and merge runs carry
+``lsm/maintenance: <table>/<kind>`` (a whole maintenance pass,
+``<table>/maintenance``). ``deploy/dagster.yaml`` limits each of
 these per tag value: one writer run and one run of each maintenance kind per
 table, while other tables' runs go on.
 """
@@ -49,6 +58,15 @@ def _assets(table: DeclaredTable, *names: str) -> AssetSelection:
     return AssetSelection.assets(*(AssetKey(table.asset_key(n)) for n in names)).without_checks()
 
 
+MAINTENANCE_ASSETS = {"flush": "flushed_generations", "merge": "merged_base", "gc": "garbage_collected"}
+"""Each kind of maintenance run and the asset it materializes."""
+
+
+def maintenance_job_name(table: DeclaredTable, kind: str) -> str:
+    """The job of ``table``'s ``kind`` runs (a run of it selects the kind's asset, :data:`MAINTENANCE_ASSETS`)."""
+    return table.job_name(f"{kind}_job" if table.is_default else "maintenance_job")
+
+
 def table_jobs(table: DeclaredTable) -> list[AnyJob]:
     """Every job of ``table``."""
     writers = table_tags(table, **writer_tags(table.name))
@@ -64,16 +82,6 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
     def continuous_ingest_job() -> None:
         continuous_ingest_op(table)()
 
-    @job(
-        name=name("add_columns_job"),
-        tags=writers,
-        executor_def=in_process_executor,
-        description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
-        "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
-    )
-    def add_columns_job() -> None:
-        add_columns_op(table)()
-
     jobs: list[AnyJob] = [
         _asset_job(
             table,
@@ -83,6 +91,49 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
             "Ingest every pending landing file with Spark (executors write through shard writers).",
         ),
         continuous_ingest_job,
+        *(_default_table_jobs(writers) if table.is_default else [_maintenance_job(table)]),
+        _asset_job(
+            table,
+            "quality_job",
+            AssetSelection.checks_for_assets(*(AssetKey(table.asset_key(n)) for n in CHECKED_ASSETS)),
+            table_tags(table),
+            "Primary-key uniqueness and non-null (base and merged view), schema conformance, WAL-replay recovery "
+            "per shard, row-count reconciliation and a SIGKILL recovery drill.",
+        ),
+    ]
+    if table.demo:
+        jobs.append(_demo_job(table, writers))
+    return jobs
+
+
+def _maintenance_job(table: DeclaredTable) -> UnresolvedAssetJobDefinition:
+    """A declared table's one maintenance job: the sensors' and schedules' runs select one kind's asset."""
+    return _asset_job(
+        table,
+        "maintenance_job",
+        _assets(table, *MAINTENANCE_ASSETS.values()),
+        maintenance_tags(table, "maintenance"),
+        "A maintenance pass: flush shards' unflushed WAL (skipping shards with live writers), merge flushed "
+        "generations into the base after the merge guards, collect garbage. Sensor and schedule runs select "
+        "one step; config `shards` limits flush and merge to some shards.",
+    )
+
+
+def _default_table_jobs(writers: dict[str, str]) -> list[AnyJob]:
+    """The default table's add-columns, flush, merge and GC jobs, under their historical names."""
+    table = DEFAULT_TABLE
+
+    @job(
+        name="add_columns_job",
+        tags=writers,
+        executor_def=in_process_executor,
+        description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
+        "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
+    )
+    def add_columns_job() -> None:
+        add_columns_op(table)()
+
+    return [
         add_columns_job,
         _asset_job(
             table,
@@ -107,18 +158,7 @@ def table_jobs(table: DeclaredTable) -> list[AnyJob]:
             table_tags(table),
             "Delete merged generations, consumed WAL, old orphans and old base versions.",
         ),
-        _asset_job(
-            table,
-            "quality_job",
-            AssetSelection.checks_for_assets(*(AssetKey(table.asset_key(n)) for n in CHECKED_ASSETS)),
-            table_tags(table),
-            "Primary-key uniqueness and non-null (base and merged view), schema conformance, WAL-replay recovery "
-            "per shard, row-count reconciliation and a SIGKILL recovery drill.",
-        ),
     ]
-    if table.demo:
-        jobs.append(_demo_job(table, writers))
-    return jobs
 
 
 def _asset_job(

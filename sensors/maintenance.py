@@ -30,20 +30,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from dagster import (
+    AssetKey,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
     ScheduleDefinition,
+    ScheduleEvaluationContext,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
+    schedule,
     sensor,
 )
 
-from jobs import AnyJob, maintenance_tags
+from jobs import MAINTENANCE_ASSETS, MAINTENANCE_TAG, AnyJob, maintenance_job_name, maintenance_tags
 from lsm_assets.live_writers import WRITER_TAG
 from lsm_assets.table_context import table_resource
 from resources.declared_table import DeclaredTable
@@ -130,16 +133,16 @@ def missing_pending_run(table: "LsmTable", state: "ShardState") -> Decision | No
 
 @dataclass(frozen=True)
 class Maintenance:
-    """One kind of shard maintenance a sensor requests: its job, asset step and trigger per table.
+    """One kind of shard maintenance a sensor requests (``flush``, ``merge``) and its trigger per table.
 
-    With ``skip_while_writing`` a table is skipped while a run holding its
-    shard writers is in progress. ``otherwise`` is asked about the shards
-    the trigger leaves alone.
+    A run of it selects the kind's asset (:data:`jobs.MAINTENANCE_ASSETS`) in
+    the table's maintenance job (:func:`jobs.maintenance_job_name`). With
+    ``skip_while_writing`` a table is skipped while a run holding its shard
+    writers is in progress. ``otherwise`` is asked about the shards the
+    trigger leaves alone.
     """
 
     kind: str
-    job: str
-    asset: str
     trigger: Callable[[DeclaredTable], Trigger]
     skip_while_writing: bool = False
     otherwise: Callable[["LsmTable", "ShardState"], Decision | None] | None = None
@@ -164,12 +167,14 @@ def maintenance_sensor(
 ) -> SensorDefinition:
     """A sensor requesting, per table, one run of ``maintenance`` for all the shards that need it.
 
-    ``jobs`` holds every table's jobs by name (the sensor targets each table's ``maintenance.job``).
+    ``jobs`` holds every table's jobs by name (the sensor targets each table's maintenance job).
     """
+
+    targets = sorted({maintenance_job_name(t, maintenance.kind) for t in tables})
 
     @sensor(
         name=name,
-        jobs=[jobs[t.job_name(maintenance.job)] for t in tables],
+        jobs=[jobs[target] for target in targets],
         minimum_interval_seconds=interval_seconds,
         description=description,
         default_status=DefaultSensorStatus.RUNNING,
@@ -181,7 +186,7 @@ def maintenance_sensor(
         to_read = []
         for table in tables:
             if busy.get(table.name):
-                tick.skipped[table.name] = f"{maintenance.job} runs not finished yet ({', '.join(busy[table.name])})"
+                tick.skipped[table.name] = f"{maintenance.kind} runs not finished yet ({', '.join(busy[table.name])})"
             elif maintenance.skip_while_writing and writing.get(table.name):
                 tick.skipped[table.name] = f"writer runs in progress ({', '.join(writing[table.name])})"
             else:
@@ -201,17 +206,20 @@ def maintenance_sensor(
 def _runs_in_progress(
     context: SensorEvaluationContext, maintenance: Maintenance, tables: list[DeclaredTable]
 ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """Per table: unfinished runs of the maintenance job, and in-progress runs holding its writers.
+    """Per table: unfinished runs of this kind (or whole maintenance passes), and in-progress runs holding
+    its writers.
 
     One query of the instance per tick, whatever the number of tables.
     """
-    table_of_job = {t.job_name(maintenance.job): t.name for t in tables}
+    table_of_tag = {
+        maintenance_tags(t, kind)[MAINTENANCE_TAG]: t.name for t in tables for kind in (maintenance.kind, "maintenance")
+    }
     busy: dict[str, list[str]] = {}
     writing: dict[str, list[str]] = {}
     for record in context.instance.get_run_records(RunsFilter(statuses=_UNFINISHED), limit=1000):
         run = record.dagster_run
-        if run.job_name in table_of_job:
-            busy.setdefault(table_of_job[run.job_name], []).append(run.run_id)
+        if run.tags.get(MAINTENANCE_TAG) in table_of_tag:
+            busy.setdefault(table_of_tag[run.tags[MAINTENANCE_TAG]], []).append(run.run_id)
         if WRITER_TAG in run.tags and run.status != DagsterRunStatus.QUEUED:
             writing.setdefault(run.tags[WRITER_TAG], []).append(run.run_id)
     return busy, writing
@@ -260,10 +268,12 @@ def _add(
     for bucket, decision in sorted(decisions.items()):
         context.log.info(f"{table.name} shard {bucket}: {decision.reason}")
     buckets = sorted(decisions)
-    step = "__".join(table.asset_key(maintenance.asset))
+    asset = table.asset_key(MAINTENANCE_ASSETS[maintenance.kind])
+    step = "__".join(asset)
     tick.requests.append(
         RunRequest(
-            job_name=table.job_name(maintenance.job),
+            job_name=maintenance_job_name(table, maintenance.kind),
+            asset_selection=[AssetKey(asset)],
             run_key=f"{table.name}|" + "|".join(decisions[b].key for b in buckets),
             run_config={"ops": {step: {"config": {"shards": buckets}}}},
             tags={**maintenance_tags(table, maintenance.kind), "lsm/shards": ",".join(map(str, buckets))},
@@ -272,8 +282,8 @@ def _add(
     tick.cursor[table.name] = {str(b): decisions[b].key for b in buckets}
 
 
-FLUSH = Maintenance("flush", "flush_job", "flushed_generations", flush_trigger, True, missing_pending_run)
-MERGE = Maintenance("merge", "merge_job", "merged_base", merge_trigger)
+FLUSH = Maintenance("flush", flush_trigger, True, missing_pending_run)
+MERGE = Maintenance("merge", merge_trigger)
 
 
 def maintenance_sensors(tables: list[DeclaredTable], jobs: dict[str, AnyJob]) -> list[SensorDefinition]:
@@ -326,18 +336,7 @@ def _merge_text(trigger: Trigger) -> str:
 
 def table_schedules(table: DeclaredTable) -> list[ScheduleDefinition]:
     """``table``'s GC schedule (unless declared off) and its quality schedule (if declared)."""
-    schedules = []
-    if table.gc.schedule:
-        schedules.append(
-            ScheduleDefinition(
-                name=table.job_name("gc_schedule"),
-                job_name=table.job_name("gc_job"),
-                cron_schedule=table.gc.schedule,
-                default_status=DefaultScheduleStatus.RUNNING,
-                description=f"Garbage-collects {table.name}'s merged generations, consumed WAL and old versions "
-                f"({table.gc.schedule}).",
-            )
-        )
+    schedules = [_gc_schedule(table)] if table.gc.schedule else []
     quality_cron = table.quality.schedule or (DEFAULT_QUALITY_CRON if table.is_default else None)
     quality_status = DefaultScheduleStatus.RUNNING if table.quality.schedule else DefaultScheduleStatus.STOPPED
     if quality_cron:
@@ -353,6 +352,26 @@ def table_schedules(table: DeclaredTable) -> list[ScheduleDefinition]:
             )
         )
     return schedules
+
+
+def _gc_schedule(table: DeclaredTable) -> ScheduleDefinition:
+    """``table``'s GC runs: its maintenance job's ``garbage_collected`` step, on the declared cron."""
+    assert table.gc.schedule
+
+    @schedule(
+        name=table.job_name("gc_schedule"),
+        job_name=maintenance_job_name(table, "gc"),
+        cron_schedule=table.gc.schedule,
+        default_status=DefaultScheduleStatus.RUNNING,
+        description=f"Garbage-collects {table.name}'s merged generations, consumed WAL and old versions "
+        f"({table.gc.schedule}).",
+    )
+    def gc_schedule(_context: ScheduleEvaluationContext) -> RunRequest:
+        return RunRequest(
+            asset_selection=[AssetKey(table.asset_key(MAINTENANCE_ASSETS["gc"]))], tags=maintenance_tags(table, "gc")
+        )
+
+    return gc_schedule
 
 
 DEFAULT_QUALITY_CRON = "17 3 * * *"

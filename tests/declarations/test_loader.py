@@ -82,7 +82,7 @@ def test_each_declared_table_gets_its_own_assets_checks_jobs_schedules_and_resou
 
 
 _ASSETS = ("ingested_changes", "flushed_generations", "merged_base", "garbage_collected", "table_summary")
-_JOBS = ("ingest_job", "continuous_ingest_job", "add_columns_job", "flush_job", "merge_job", "gc_job", "quality_job")
+_JOBS = ("ingest_job", "continuous_ingest_job", "maintenance_job", "quality_job")
 
 
 @pytest.mark.parametrize(
@@ -138,11 +138,11 @@ def test_the_code_location_loads_with_a_broken_declaration(tables_dir, monkeypat
 
     repository = build_definitions().get_repository_def()
 
-    assert "order_lines_merge_job" in repository.job_names and "merge_job" in repository.job_names
+    assert "order_lines_maintenance_job" in repository.job_names and "merge_job" in repository.job_names
     assert AssetKey(["orders", "declaration_error"]) in repository.assets_defs_by_key
     sensors = {s.name: s for s in repository.sensor_defs}
     assert {"flush_sensor", "merge_sensor"} <= set(sensors)
-    assert {j.name for j in sensors["merge_sensor"].jobs} == {"merge_job", "order_lines_merge_job"}
+    assert {j.name for j in sensors["merge_sensor"].jobs} == {"merge_job", "order_lines_maintenance_job"}
 
 
 def test_removing_a_declaration_removes_its_definitions_and_leaves_its_data(tables_dir, tmp_path):

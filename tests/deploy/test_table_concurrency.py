@@ -39,7 +39,7 @@ def test_a_tables_writer_runs_queue_behind_each_other_and_never_behind_another_t
         other_table = ui.launch("customers_ingest_job")
 
         assert ui.wait(other_table, timeout=300) == "SUCCESS", ui.failures(other_table)
-        assert ui.wait(ui.launch("orders_merge_job"), timeout=300) == "SUCCESS"  # maintenance is not a writer
+        assert ui.wait(ui.launch("orders_maintenance_job"), timeout=300) == "SUCCESS"  # not a writer
         assert ui.status(live) == "STARTED"
         assert ui.status(same_table) == "QUEUED"  # one writer run per table
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterRun, DagsterRunStatus, build_sensor_context, instance_for_test
+from dagster import AssetKey, DagsterRun, DagsterRunStatus, build_sensor_context, instance_for_test
 
-from jobs import MAINTENANCE_TAG, TABLE_TAG, table_jobs
+from jobs import MAINTENANCE_TAG, TABLE_TAG, maintenance_tags, table_jobs
 from lsm_assets.live_writers import writer_tags
 from lsm_assets.table_context import DEFAULT_TABLE
 from resources.declared_table import DeclaredTable
@@ -68,10 +68,12 @@ def test_merge_sensor_requests_exactly_the_shards_at_the_trigger_once(make_table
     assert [_shards(r, "merged_base") for r in after.run_requests] == [[3]]
     assert after.run_requests[0].run_key != request.run_key
 
-    instance.add_run(DagsterRun(job_name="merge_job", run_id="merging", status=DagsterRunStatus.STARTED))
-    busy = _evaluate(sensor, instance, uris)
-    assert not busy.run_requests and "merging" in busy.skip_message  # never two merges of a table at once
-    instance.delete_run("merging")
+    for kind in ("merge", "maintenance"):  # a merge run, or a whole maintenance pass
+        tags = maintenance_tags(DEFAULT_TABLE, kind)
+        instance.add_run(DagsterRun(job_name="any", run_id="merging", tags=tags, status=DagsterRunStatus.STARTED))
+        busy = _evaluate(sensor, instance, uris)
+        assert not busy.run_requests and "merging" in busy.skip_message  # never two merges of a table at once
+        instance.delete_run("merging")
     table.compact()
     done = _evaluate(sensor, instance, uris)
     assert not done.run_requests and "below the thresholds" in done.skip_message
@@ -82,7 +84,7 @@ def test_flush_sensor_requests_crashed_shards_and_waits_for_the_tables_live_writ
     keys = keys_in_bucket(table, 0, 3) + keys_in_bucket(table, 2, 3)
     table.write(pa.table({"id": keys, "customer": ["c"] * 6, "amount": [1.0] * 6, "status": ["new"] * 6}))
     table.detach_writers()  # the writers die without closing: their WAL is unflushed
-    now = Maintenance("flush", "flush_job", "flushed_generations", lambda t: FlushTrigger(0, 0, 0), True)
+    now = Maintenance("flush", lambda t: FlushTrigger(0, 0, 0), True)
     sensor, uris = _sensor(now, [DEFAULT_TABLE]), {"default": table.uri}
 
     result = _evaluate(sensor, instance, uris)
@@ -122,7 +124,7 @@ def test_the_merge_trigger_fires_on_pending_rows_before_the_generation_count(mak
     write_generation(table, keys_in_bucket(table, 0, 50), "big")
     write_generation(table, keys_in_bucket(table, 1, 5), "small")
     assert table.shards()[0].pending_rows == 50 and table.shards()[1].pending_rows == 5
-    rows = Maintenance("merge", "merge_job", "merged_base", lambda t: MergeTrigger(pending_rows=20))
+    rows = Maintenance("merge", lambda t: MergeTrigger(pending_rows=20))
 
     (request,) = _evaluate(_sensor(rows, [DEFAULT_TABLE]), instance, {"default": table.uri}).run_requests
     assert _shards(request, "merged_base") == [0]
@@ -145,7 +147,8 @@ def test_one_tick_serves_every_table_and_a_broken_one_stops_none(make_table, ins
     requests = {r.tags[TABLE_TAG]: r for r in result.run_requests}
     assert sorted(requests) == ["customers", "orders"]
     for name, request in requests.items():
-        assert request.job_name == f"{name}_merge_job" and request.run_key.startswith(f"{name}|")
+        assert request.job_name == f"{name}_maintenance_job" and request.run_key.startswith(f"{name}|")
+        assert request.asset_selection == [AssetKey([name, "merged_base"])]
         assert request.tags[MAINTENANCE_TAG] == f"{name}/merge"
         assert _shards(request, f"{name}__merged_base") == [0]
     assert requests["orders"].run_key != requests["customers"].run_key
