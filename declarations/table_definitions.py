@@ -60,4 +60,5 @@ def _default_assets() -> list[AssetsDefinition]:
         maintenance.garbage_collected,
         reports.table_summary,
         reports.orders_by_status,
+        reports.order_totals,
     ]

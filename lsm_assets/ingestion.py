@@ -25,7 +25,14 @@ from resources.declared_table import (
 from resources.lsm.maintenance.policy import BackpressurePolicy
 from resources.settings import landing_dir, quarantine_dir
 
-from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table, table_asset
+from .table_context import (
+    DEFAULT_TABLE,
+    SPARK_RESOURCE,
+    config_with_defaults,
+    open_table,
+    table_asset,
+    version_metadata,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -340,10 +347,11 @@ def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> Ass
         """Every pending landing file, validated, routed by Lance's hash and made durable in
         the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
         file, row and reason; a file is recorded as ingested only after its rows are durable."""
-        metadata = ingest(context, config, context.resources.spark.spark_session, open_table(context, table))
+        lsm = open_table(context, table)
+        metadata = ingest(context, config, context.resources.spark.spark_session, lsm)
         if not metadata["files"]:
             context.log.info(f"no pending landing files in {config.landing_dir}")
-        return MaterializeResult(metadata=metadata)
+        return MaterializeResult(metadata=metadata | version_metadata(lsm))
 
     return ingested_changes
 

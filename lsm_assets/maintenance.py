@@ -20,7 +20,7 @@ from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
-from .table_context import DEFAULT_TABLE, config_with_defaults, open_table, table_asset
+from .table_context import DEFAULT_TABLE, config_with_defaults, open_table, table_asset, version_metadata
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardCompaction, ShardState
@@ -146,7 +146,8 @@ def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> As
         """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
         a new writer and flushed into a generation, and each shard's pending generations
         resolved into a stored pending run for readers. Shards with a live writer are not flushed."""
-        return MaterializeResult(metadata=flush_shards(context, open_table(context, table), config, table.name))
+        lsm = open_table(context, table)
+        return MaterializeResult(metadata=flush_shards(context, lsm, config, table.name) | version_metadata(lsm))
 
     return flushed_generations
 
@@ -209,7 +210,8 @@ def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefin
         lsm = open_table(context, table)
         shards = selected_shards(lsm, config.shards)
         enforce_merge_guards(context, lsm, [s.bucket for s in shards], flushed.key)
-        return MaterializeResult(metadata=merge_shards(context, lsm, shards, config.max_rows_per_pass))
+        metadata = merge_shards(context, lsm, shards, config.max_rows_per_pass)
+        return MaterializeResult(metadata=metadata | version_metadata(lsm))
 
     return merged_base
 

@@ -26,7 +26,14 @@ from resources.region_writer import WriterSession, claimed_writers
 from resources.spark import SparkResource
 
 from .ingestion import IngestConfig, ingest, ingest_defaults, pending_run_metadata
-from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, config_with_defaults, open_table, table_resource
+from .table_context import (
+    DEFAULT_TABLE,
+    SPARK_RESOURCE,
+    config_with_defaults,
+    open_table,
+    table_resource,
+    version_metadata,
+)
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable
@@ -83,7 +90,7 @@ def _ingest_until_stopped(
                 continue
             idle, batches = 0, batches + 1
             # Each micro-batch shows up as a materialization of the ingested table.
-            metadata |= pending_run_metadata(session.runs)
+            metadata |= pending_run_metadata(session.runs) | version_metadata(table)
             context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         # Terminate in the UI raises the first, Ctrl-C on the CLI the second:

@@ -1,13 +1,16 @@
 """What every per-table factory needs: the table's resource, and config classes with its defaults."""
 
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dagster import Config, OpExecutionContext, asset
 from pydantic import BaseModel, Field, create_model
 
 from resources.declared_table import DeclaredTable
 from resources.table_resource import LsmTableResource
+
+if TYPE_CHECKING:
+    from resources.lsm import LsmTable
 
 ConfigT = TypeVar("ConfigT", bound=Config)
 
@@ -27,6 +30,16 @@ def table_resource(context: Any, table: DeclaredTable) -> LsmTableResource:
 def open_table(context: OpExecutionContext, table: DeclaredTable):
     """Open ``table`` through its resource (created or checked against its declaration)."""
     return table_resource(context, table).open()
+
+
+TABLE_VERSION_METADATA = "table_version"
+"""Metadata of every ingestion, flush and merge: the merged view's version after it (``LsmTable.version``)."""
+
+
+def version_metadata(table: "LsmTable") -> dict[str, str]:
+    """The :data:`TABLE_VERSION_METADATA` entry for ``table`` now: a point to read it again (``as_of``) or
+    to read what changed after it (``changes``)."""
+    return {TABLE_VERSION_METADATA: str(table.version())}
 
 
 def table_asset(table: DeclaredTable, name: str, *, resources: Iterable[str] = (), **kwargs: Any) -> Any:

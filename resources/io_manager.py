@@ -20,22 +20,70 @@ must be a real type when Dagster loads the definitions.
 
 Asset metadata can narrow a read: ``{"lsm/columns": [...], "lsm/filter": "..."}``
 on the upstream asset's definition.
+
+Incremental consumers: an input with ``{"lsm/read": "changes"}`` metadata (or
+annotated :class:`TableChanges`) gets only what changed since the consuming
+asset last materialized, as a :class:`TableChanges` (the change feed,
+``LsmTable.changes``). The cursor is the table version the consumer last read
+up to, kept in the consumer's own materialization metadata
+(:meth:`TableChanges.cursor_metadata`, which the asset must return): a run
+that fails records nothing, so its re-run reads the same changes again. The
+first run gets the whole view, as upserts.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import AssetKey, ConfigurableIOManager, DagsterInstance, InputContext, OutputContext
 from pydantic import Field
 
 from .settings import table_uri
 from .spark import spark_session
 
+if TYPE_CHECKING:
+    import pyarrow as pa
+
 COLUMNS_METADATA = "lsm/columns"
 FILTER_METADATA = "lsm/filter"
 FORMAT_METADATA = "lsm/format"
 FORMATS = ("arrow", "pandas", "spark")
+READ_METADATA = "lsm/read"
+"""``"view"`` (default: the merged view) or ``"changes"`` (:class:`TableChanges`)."""
+CHANGES_CURSOR = "lsm/changes_until"
+"""The consumer's materialization metadata: the table version its last read of changes went up to."""
+
+
+@dataclass(frozen=True)
+class TableChanges:
+    """What changed in a table since the consuming asset last materialized.
+
+    ``rows`` is the net change per key (the table's columns plus ``_op``:
+    ``upsert`` with the newest values, ``delete`` with the key), as Arrow or
+    pandas. ``since`` is the version read from (``None`` on the first run:
+    ``rows`` is then the whole view, as upserts), ``until`` the version read
+    up to. Return :meth:`cursor_metadata` in the consumer's materialization.
+    """
+
+    rows: Any
+    since: str | None
+    until: str
+    uri: str
+
+    def previous(self, columns: list[str] | None = None) -> pa.Table:
+        """The rows the changed keys had at ``since`` (their previous values; empty on the first run)."""
+        from .lsm import LsmTable
+
+        table = LsmTable.open(self.uri)
+        keys = self.rows[table.primary_key] if hasattr(self.rows, "iloc") else self.rows.select(table.primary_key)
+        if self.since is None or len(keys) == 0:
+            return table.schema.empty_table().select(columns or table.schema.names)
+        return table.lookup(keys, columns, as_of=self.since)
+
+    def cursor_metadata(self) -> dict[str, str]:
+        """The metadata the consuming asset returns, so that its next run reads on from ``until``."""
+        return {CHANGES_CURSOR: self.until}
 
 
 class LsmTableIOManager(ConfigurableIOManager):
@@ -60,6 +108,8 @@ class LsmTableIOManager(ConfigurableIOManager):
 
     def load_input(self, context: InputContext) -> Any:
         """The merged view in the requested format, with its row count as input metadata."""
+        if _reads_changes(context):
+            return self._changes(context)
         kind = context.definition_metadata.get(FORMAT_METADATA) or _kind(context.dagster_type.typing_type)
         if kind not in FORMATS:
             raise ValueError(f"{FORMAT_METADATA} must be one of {FORMATS}, not {kind!r}")
@@ -81,6 +131,29 @@ class LsmTableIOManager(ConfigurableIOManager):
         context.add_input_metadata({"row_count": rows, "table_uri": self.uri, "fresh": self.fresh})
         return value
 
+    def _changes(self, context: InputContext) -> TableChanges:
+        """The change feed since the consuming asset's cursor (the whole view as upserts without one)."""
+        import pyarrow as pa
+
+        from .lsm import LsmTable
+
+        kind = context.definition_metadata.get(FORMAT_METADATA) or "arrow"
+        if kind not in ("arrow", "pandas"):
+            raise ValueError(f"changes are read as arrow or pandas, not {kind!r}")
+        consumer = context.step_context.assets_def
+        if consumer is None:
+            raise TypeError(f"{READ_METADATA}='changes' is for inputs of assets (the cursor is the asset's)")
+        since = _cursor(context.instance, consumer.key)
+        table = LsmTable.open(self.uri)
+        until = table.version()
+        if since is None:
+            view = table.read(as_of=until)
+            rows = view.append_column("_op", pa.array(["upsert"] * view.num_rows, pa.string()))
+        else:
+            rows = table.changes(since, until).read_all()
+        context.add_input_metadata({"changed_rows": rows.num_rows, "since": since or "", "until": str(until)})
+        return TableChanges(rows.to_pandas() if kind == "pandas" else rows, since, str(until), self.uri)
+
     def _spark_frame(self, context: InputContext, columns: list[str] | None, filter: str | None):
         """A lazy Spark DataFrame of the merged view on the process's Spark session."""
         reader = spark_session().read.format("lance_lsm").option("fresh", str(self.fresh).lower())
@@ -88,6 +161,22 @@ class LsmTableIOManager(ConfigurableIOManager):
             reader = reader.option("columns", ",".join(columns))
         frame = reader.load(self.uri)
         return frame.filter(filter) if filter else frame
+
+
+def _reads_changes(context: InputContext) -> bool:
+    """Whether the input asks for the change feed (by metadata, or by its :class:`TableChanges` annotation)."""
+    wanted = _as_value(context.definition_metadata.get(READ_METADATA)) or "view"
+    if wanted not in ("view", "changes"):
+        raise ValueError(f"{READ_METADATA} must be 'view' or 'changes', not {wanted!r}")
+    return wanted == "changes" or context.dagster_type.typing_type is TableChanges
+
+
+def _cursor(instance: DagsterInstance, consumer: AssetKey) -> str | None:
+    """The version the consumer's latest materialization read changes up to (``None``: never)."""
+    event = instance.get_latest_materialization_event(consumer)
+    materialization = event.asset_materialization if event else None
+    entry = materialization.metadata.get(CHANGES_CURSOR) if materialization else None
+    return None if entry is None else str(_as_value(entry))
 
 
 def _kind(annotation: Any) -> str:

@@ -6,6 +6,7 @@ Public contract::
     t = LsmTable.create(uri, schema, primary_key=["id"], num_shards=4)
     t.write(changes); t.read(); t.lookup(keys); t.count(); t.shards(); t.flush()
     t.compact(); t.gc(); t.search(vector, k)
+    v = t.version(); t.read(as_of=v); t.lookup(keys, as_of=v); t.changes(since=v)
 
     from resources.lsm import register_spark_source   # imports PySpark
     register_spark_source(spark); spark.read.format("lance_lsm").load(uri)
@@ -39,10 +40,12 @@ _EXPORTS = {
     "Rejection": ".errors",
     "StorageUnavailableError": ".errors",
     "TableNotFoundError": ".errors",
+    "VersionNotRetainedError": ".errors",
     "WriterFencedError": ".errors",
     "LsmTable": ".table",
     "WriteResult": ".table",
     "ShardState": ".format.shard_state",
+    "TableVersion": ".format.version",
     "VectorIndex": ".read.vector_search",
     "train_vector_index": ".read.vector_search",
     "register_spark_source": ".spark.source",
@@ -56,9 +59,11 @@ if TYPE_CHECKING:  # `X as X`: explicit re-exports for type checkers (`__all__` 
         Rejection as Rejection,
         StorageUnavailableError as StorageUnavailableError,
         TableNotFoundError as TableNotFoundError,
+        VersionNotRetainedError as VersionNotRetainedError,
         WriterFencedError as WriterFencedError,
     )
     from .format.shard_state import ShardState as ShardState
+    from .format.version import TableVersion as TableVersion
     from .maintenance.compaction import (
         BaseMaintenance as BaseMaintenance,
         CompactionResult as CompactionResult,

@@ -81,3 +81,21 @@ class StorageUnavailableError(OSError):
             f"storage at {location} unavailable: {operation} kept failing for {timeout:g} s "
             f"(client_retry_timeout); last error: {cause}"
         )
+
+
+class VersionNotRetainedError(LookupError):
+    """A read or change feed asked for a table version whose files are gone.
+
+    A :class:`~resources.lsm.format.version.TableVersion` stays readable while
+    garbage collection keeps its base version (``gc(older_than=...)``, the
+    GC asset's ``version_retention_hours``) and what lay above it: the
+    generations and WAL entries it listed (``wal_grace_seconds``, at least
+    the version retention). ``version`` is the version asked for.
+    """
+
+    def __init__(self, version: object, missing: str) -> None:
+        self.version = version
+        super().__init__(
+            f"table version {version} is no longer retained ({missing}); versions are kept for the GC "
+            "retention setting (gc(older_than=...), the GC asset's version_retention_hours): read a newer version"
+        )

@@ -22,13 +22,16 @@ from typing import Any, TypeVar
 import lance
 import pyarrow as pa
 
-from .errors import TableNotFoundError
+from .errors import TableNotFoundError, VersionNotRetainedError
 from .format.compaction_marker import read_compacted_generations
+from .format.layout import generation_dir
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, empty_tail
+from .format.shard_manifest import list_wal_entries
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
+from .format.version import ShardPosition, TableVersion
 from .read.merged_read import PendingGenerations, ReadSnapshot
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
@@ -204,23 +207,105 @@ class TableHandle:
             if wanted is None or shard_id in wanted
         ]
 
+    def version(self) -> TableVersion:
+        """The merged view's version now: the base version, then each shard's manifest version and WAL position.
+
+        Pinned in the order a read pins (base first), so reading it later
+        (``as_of``) gives what a read started now would have given.
+        """
+        dataset = self.dataset_to_read()
+        states = self.shard_states(dataset, for_read=True)
+        return TableVersion(dataset.version, tuple(ShardPosition(s.manifest_version, s.wal_position) for s in states))
+
+    def dataset_at(self, version: TableVersion) -> lance.LanceDataset:
+        """The base table as ``version`` pinned it.
+
+        Raises
+        ------
+        VersionNotRetainedError
+            If garbage collection removed that base version.
+        """
+        if len(version.shards) != len(self.shard_ids):
+            raise ValueError(f"version {version} has {len(version.shards)} shards, the table {len(self.shard_ids)}")
+        try:
+            return self.retrying(
+                lambda: lance.dataset(
+                    self.uri, version=version.base, storage_options=self.storage_options, session=self.session
+                ),
+                "open",
+            )
+        except (ValueError, OSError) as error:
+            if "not found" not in str(error).lower():
+                raise
+            raise VersionNotRetainedError(version, f"base version {version.base} was removed") from error
+
+    def shard_states_at(
+        self, version: TableVersion, dataset: lance.LanceDataset, shard_ids: Iterable[str] | None = None
+    ) -> list[ShardState]:
+        """The shards' states as ``version`` pinned them, above its base (``dataset``, from :meth:`dataset_at`).
+
+        Raises
+        ------
+        VersionNotRetainedError
+            If a generation or WAL entry the version lists was removed.
+        """
+        compacted = self._compacted_generations(dataset.version)
+        wanted = None if shard_ids is None else set(shard_ids)
+        states = []
+        for bucket, (shard_id, position) in enumerate(zip(self.shard_ids, version.shards, strict=True)):
+            if wanted is not None and shard_id not in wanted:
+                continue
+            state = load_shard_state(
+                self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=True, at=position
+            )
+            self._check_retained(version, state)
+            states.append(state)
+        return states
+
+    def _check_retained(self, version: TableVersion, state: ShardState) -> None:
+        """Raise :class:`VersionNotRetainedError` if a file ``state`` (read at ``version``) lists is gone."""
+        entries = list_wal_entries(self.storage, state.shard_id, after=state.replay_after_wal_position)
+        listed = sum(1 for e in entries if e.position <= state.wal_position)
+        if listed < state.wal_position - state.replay_after_wal_position:  # entries are numbered without gaps
+            raise VersionNotRetainedError(version, f"WAL entries of shard {state.bucket} were removed")
+        for generation, directory in state.pending_generations:
+            if not self.storage.exists(generation_dir(state.shard_id, directory)):
+                raise VersionNotRetainedError(version, f"generation {generation} of shard {state.bucket} was removed")
+
     def compacted_generations(self, version: int) -> dict[str, int]:
         """Each shard's merged-through generation as base ``version`` records it (decoded once per version)."""
         return self._compacted_generations(version)
 
     def snapshot(
-        self, fresh: bool, shard_ids: set[str] | None = None, *, dataset: lance.LanceDataset | None = None
+        self,
+        fresh: bool,
+        shard_ids: set[str] | None = None,
+        *,
+        dataset: lance.LanceDataset | None = None,
+        as_of: TableVersion | None = None,
     ) -> ReadSnapshot:
-        """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given).
+        """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given),
+        or as ``as_of`` pinned it (``dataset``, if given, is its base: :meth:`dataset_at`).
 
         The base version, the pending generations above its markers and (with
         ``fresh``) each shard's WAL tail: the input of the read path
         (:mod:`resources.lsm.read.merged_read`).
         """
-        dataset = self.dataset_to_read() if dataset is None else dataset
-        states = self.shard_states(dataset, shard_ids, for_read=True)
+        if as_of is None:
+            dataset = self.dataset_to_read() if dataset is None else dataset
+            states = self.shard_states(dataset, shard_ids, for_read=True)
+        else:
+            dataset = self.dataset_at(as_of) if dataset is None else dataset
+            states = self.shard_states_at(as_of, dataset, shard_ids)
         tails = [
-            read_wal_tail(self.storage, s.shard_id, s.replay_after_wal_position, dataset.schema, list(self.primary_key))
+            read_wal_tail(
+                self.storage,
+                s.shard_id,
+                s.replay_after_wal_position,
+                dataset.schema,
+                list(self.primary_key),
+                up_to_position=s.wal_position,
+            )
             for s in states
             if fresh and s.unflushed_wal_entries
         ]

@@ -31,6 +31,7 @@ from .format.schema import (
 )
 from .format.shard_state import ShardState
 from .format.storage import StorageOptions, TableStorage
+from .format.version import TableVersion
 from .handle import CONFIG_PRIMARY_KEY, CONFIG_SHARD_IDS, WRITER_CONFIG_KEYS, TableHandle, absolute_uri, added_columns
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
@@ -485,16 +486,35 @@ class LsmTable:
 
     # ------------------------------------------------------------------- reads
 
-    def read(self, columns: list[str] | None = None, filter: str | None = None, fresh: bool = True) -> pa.Table:
+    def version(self) -> TableVersion:
+        """The version of the merged view now (see :class:`~resources.lsm.format.version.TableVersion`).
+
+        Pass it as ``as_of`` to read this view again later, or as ``since`` to
+        :meth:`changes` to get what changed after it. Costs what pinning a
+        read costs (the base version and every shard's state).
+        """
+        return self.handle.version()
+
+    def read(
+        self,
+        columns: list[str] | None = None,
+        filter: str | None = None,
+        fresh: bool = True,
+        as_of: TableVersion | str | None = None,
+    ) -> pa.Table:
         """The merged view: newest version of every live key, as one table.
 
         Parameters are those of :meth:`scanner`; use it to stream a view too
         large for memory.
         """
-        return self.scanner(columns, filter, fresh).read_all()
+        return self.scanner(columns, filter, fresh, as_of=as_of).read_all()
 
     def scanner(
-        self, columns: list[str] | None = None, filter: str | None = None, fresh: bool = True
+        self,
+        columns: list[str] | None = None,
+        filter: str | None = None,
+        fresh: bool = True,
+        as_of: TableVersion | str | None = None,
     ) -> pa.RecordBatchReader:
         """The merged view as a stream of record batches, in bounded memory.
 
@@ -513,21 +533,27 @@ class LsmTable:
         fresh
             Also include rows durable in a WAL but not yet flushed (written
             by any process). ``False`` reads flushed generations and the base only.
+        as_of
+            A :meth:`version` (or its text): the merged view exactly as it was
+            then, whatever was flushed, merged or collected since.
 
         Raises
         ------
         ValueError
             If ``filter`` holds a ``;`` outside a string literal (Lance would ignore the rest).
+        VersionNotRetainedError
+            If ``as_of`` is older than garbage collection keeps.
         """
         filter = checked_filter(filter)
+        version = None if as_of is None else TableVersion.parse(as_of)
         # The base version is pinned first (see snapshot); its scan starts
         # while the pending levels above it are being pinned.
-        dataset = self.handle.dataset_to_read()
+        dataset = self.handle.dataset_to_read() if version is None else self.handle.dataset_at(version)
         return merged_read.scan(
             dataset,
             self.primary_key,
-            lambda: self.handle.snapshot(fresh, dataset=dataset),
-            columns or self.schema.names,
+            lambda: self.handle.snapshot(fresh, dataset=dataset, as_of=version),
+            columns or (self.schema.names if version is None else dataset.schema.names),
             filter,
         )
 
@@ -548,23 +574,53 @@ class LsmTable:
         """
         return vector_search.search(self.handle.snapshot(fresh), vector, k, checked_filter(filter), columns)
 
-    def lookup(self, keys: Keys, columns: list[str] | None = None, fresh: bool = True) -> pa.Table:
+    def lookup(
+        self,
+        keys: Keys,
+        columns: list[str] | None = None,
+        fresh: bool = True,
+        as_of: TableVersion | str | None = None,
+    ) -> pa.Table:
         """Point lookup by primary key; keys not present are left out.
 
         ``keys`` is a list of values (single-column key), of tuples or dicts
         (any key), or a table with the key columns. Returns the merged-view
-        row of each key found (``fresh`` as for :meth:`read`). A key is read
-        from its own shard only, and of that shard's generations only from
-        those whose bloom filter may hold it (see :mod:`resources.lsm.read.pk_bloom`).
+        row of each key found (``fresh`` and ``as_of`` as for :meth:`scanner`).
+        A key is read from its own shard only, and of that shard's generations
+        only from those whose bloom filter may hold it (see :mod:`resources.lsm.read.pk_bloom`).
         """
         key_table = self._key_table(keys)
         buckets = self.handle.router.buckets(key_table)
-        snapshot = self.handle.snapshot(fresh, {self.handle.shard_ids[b] for b in np.unique(buckets)})
+        shards = {self.handle.shard_ids[b] for b in np.unique(buckets)}
+        version = None if as_of is None else TableVersion.parse(as_of)
+        snapshot = self.handle.snapshot(fresh, shards, as_of=version)
         return merged_read.lookup(
-            snapshot, key_table, buckets, columns or self.schema.names, self.handle.generation_filters
+            snapshot, key_table, buckets, columns or snapshot.dataset.schema.names, self.handle.generation_filters
         )
 
-    def count(self, fresh: bool = True, filter: str | None = None) -> int:
+    def changes(self, since: TableVersion | str, until: TableVersion | str | None = None) -> pa.RecordBatchReader:
+        """The net change per key from version ``since`` to ``until`` (default: now), streamed.
+
+        Each changed key appears once: ``_op`` ``'upsert'`` with its newest
+        values, or ``'delete'`` with its key (other columns null) if it was
+        live at ``since`` and is not at ``until``. A key changed and changed
+        back, or written and deleted in between, does not appear. The cost
+        follows the change: only the keys written after ``since`` are read
+        (from the generations flushed since and the WAL), then looked up at
+        both versions; the base is never scanned.
+
+        Raises
+        ------
+        VersionNotRetainedError
+            If either version is older than garbage collection keeps.
+        """
+        from .read.change_feed import changes
+
+        start = TableVersion.parse(since)
+        end = self.version() if until is None else TableVersion.parse(until)
+        return changes(self.handle, start, end)
+
+    def count(self, fresh: bool = True, filter: str | None = None, as_of: TableVersion | str | None = None) -> int:
         """Number of live keys in the merged view matching ``filter`` (``fresh`` as for :meth:`read`).
 
         Without a filter the count comes from the base's row count and the
@@ -572,9 +628,10 @@ class LsmTable:
         cost follows the change, not the base. With one, the keys of the
         merged view are streamed through the filter, in bounded memory.
         """
+        version = None if as_of is None else TableVersion.parse(as_of)
         if checked_filter(filter) is None:
-            return merged_read.count(self.handle.snapshot(fresh))
-        return sum(batch.num_rows for batch in self.scanner(list(self.primary_key), filter, fresh))
+            return merged_read.count(self.handle.snapshot(fresh, as_of=version))
+        return sum(batch.num_rows for batch in self.scanner(list(self.primary_key), filter, fresh, as_of=version))
 
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""

@@ -12,7 +12,7 @@ from jobs import flush_job, merge_job
 from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flushed_generations, garbage_collected, merged_base
 from resources.gx_resource import GreatExpectationsResource
-from resources.lsm import LsmTable
+from resources.lsm import LsmTable, TableVersion
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.table_resource import LsmTableResource
 from tests.helpers import REPO_ROOT, keys_in_bucket, resolved_job, rows_by_key, write_generation
@@ -50,6 +50,7 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert all(s.unflushed_wal_entries == 0 for s in table.shards())
     flush_metadata = flushed.asset_materializations_for_node("flushed_generations")[0].metadata
     assert flush_metadata["flushed"].value == 4 and flush_metadata["unflushed_wal_entries"].value == 0
+    after_flush = flush_metadata["table_version"].value
 
     merged = resolved_job(merge_job, {**resources, "gx": GreatExpectationsResource()}).execute_in_process()
     assert merged.success and _view(table) == oracle
@@ -61,6 +62,7 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert metadata["generations_merged"] == sum(len(s.flushed_generations) for s in table.shards())
     assert sum(metadata[f"shard_{b}_generations_merged"] for b in range(4)) == metadata["generations_merged"]
     assert metadata["lag_generations"] == 0 and all(metadata[f"shard_{b}_lag_generations"] == 0 for b in range(4))
+    assert TableVersion.parse(metadata["table_version"]) > TableVersion.parse(after_flush)
     base = rows_by_key(table.dataset().to_table())  # unique keys in the base itself
     assert {k[0] for k in base} == set(oracle)
 
@@ -74,6 +76,12 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert metadata["compacted_generations_deleted"].value == generations
     assert metadata["wal_entries_deleted"].value > 0
     assert metadata["bytes_reclaimed"].value > 0
+    # The merge's version is the latest, which GC keeps whatever the retention: it reads its view again.
+    assert _view_as_of(table, materialization.metadata["table_version"].value) == oracle
+
+
+def _view_as_of(table: LsmTable, version: str) -> dict:
+    return {k[0]: v for k, v in rows_by_key(table.read(as_of=version)).items()}
 
 
 def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_table):

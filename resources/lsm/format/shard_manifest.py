@@ -83,16 +83,16 @@ class WalEntryFile:
     mtime_ns: int | None
 
 
-def read_shard_manifest(storage: TableStorage, shard_id: str) -> ShardManifest | None:
-    """The latest committed manifest of a shard, or ``None`` if it never had a writer.
+def read_shard_manifest(storage: TableStorage, shard_id: str, version: int | None = None) -> ShardManifest | None:
+    """A shard's manifest at ``version`` (default: the latest), or ``None`` at version 0 (never written).
 
-    The version hint may lag behind (it is written after the manifest), so we
-    probe forward from it until a version is missing.
+    The version hint may lag behind (it is written after the manifest), so the
+    latest is found by probing forward from it until a version is missing.
     """
-    directory = manifest_dir(shard_id)
-    version = _hinted_version(storage, directory)
-    while storage.exists(manifest_path(shard_id, version + 1)):
-        version += 1
+    if version is None:
+        version = _hinted_version(storage, manifest_dir(shard_id))
+        while storage.exists(manifest_path(shard_id, version + 1)):
+            version += 1
     if version == 0:
         return None
     return decode_shard_manifest(storage.read_bytes(manifest_path(shard_id, version)))

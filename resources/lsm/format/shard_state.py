@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from .layout import VERSIONS_DIR, generation_dir
 from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
 from .storage import TableStorage
+from .version import ShardPosition
 from .wal import read_wal_entry
 
 
@@ -49,6 +50,10 @@ class ShardState:
         Generation directories on storage that the manifest does not list;
         never read, removed by garbage collection (empty in a state loaded
         for reading only).
+    wal_position
+        The newest WAL entry position durable when the state was read (the
+        replay position if no entry follows it): with ``manifest_version``,
+        where the shard stood (:class:`~resources.lsm.format.version.ShardPosition`).
     """
 
     shard_id: str
@@ -66,6 +71,7 @@ class ShardState:
     oldest_pending_mtime_ns: int | None
     orphan_directories: tuple[str, ...]
     pending_rows: int = 0
+    wal_position: int = 0
 
     @property
     def pending_generations(self) -> tuple[tuple[int, str], ...]:
@@ -74,22 +80,29 @@ class ShardState:
 
 
 def load_shard_state(
-    storage: TableStorage, shard_id: str, bucket: int, compacted_generation: int, *, for_read: bool = False
+    storage: TableStorage,
+    shard_id: str,
+    bucket: int,
+    compacted_generation: int,
+    *,
+    for_read: bool = False,
+    at: ShardPosition | None = None,
 ) -> ShardState:
     """Read one shard's state; a shard that never had a writer reads as empty.
 
     ``for_read`` skips what only maintenance needs (orphan directories, the
     oldest pending flush time): two listings fewer, which on an object store
-    are most of a point lookup's requests.
+    are most of a point lookup's requests. ``at`` reads the state the shard
+    had at an earlier position (its manifest version then, and the WAL
+    entries up to its WAL position then) instead of the latest.
     """
-    manifest = read_shard_manifest(storage, shard_id)
+    manifest = read_shard_manifest(storage, shard_id, None if at is None else at.manifest_version)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
-    unflushed = [
-        e
-        for e in list_wal_entries(storage, shard_id, after=replay_after)
-        if not _is_fence_sentinel(storage, shard_id, e)
-    ]
+    entries = list_wal_entries(storage, shard_id, after=replay_after)
+    if at is not None:
+        entries = [e for e in entries if e.position <= at.wal_position]
+    unflushed = [e for e in entries if not _is_fence_sentinel(storage, shard_id, e)]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
     present = () if for_read else list_generation_dirs(storage, shard_id)
@@ -114,6 +127,7 @@ def load_shard_state(
         pending_rows=sum(s.physical_rows or 0 for s in manifest.sstables if s.generation > compacted_generation)
         if manifest
         else 0,
+        wal_position=max((e.position for e in entries), default=replay_after) if at is None else at.wal_position,
     )
 
 

@@ -25,7 +25,8 @@ Compacted generations
 
 Consumed WAL entries
     Entries at or below ``replay_after_wal_position`` of the newest shard
-    manifest version that is at least ``wal_grace_seconds`` old. Manifest
+    manifest version that is at least ``wal_grace_seconds`` old, and at
+    least as old as the base-version retention (``older_than``). Manifest
     versions are immutable files, so their modification time says when a
     position became covered by a generation. The grace protects
 
@@ -36,6 +37,11 @@ Consumed WAL entries
       stale writer "succeed" at a consumed position and lose the write. The
       entry at its next position is older than the grace, so the stale
       writer has been stalled longer than the grace; we assume none is.
+
+    The retention keeps what time travel needs: a table version read again
+    later (``as_of``) lists the WAL entries its shards had not flushed yet.
+    Their storage cost: within the retention window, the WAL holds a second
+    copy of what the generations flushed in that window hold.
 
 Orphan generation directories
     Directories the shard manifest does not list whose newest file is older
@@ -137,6 +143,7 @@ def collect_garbage(
     """
     started = time.monotonic()
     storage = table.storage
+    wal_keep_seconds = max(wal_grace_seconds, older_than.total_seconds() if older_than is not None else 0.0)
     versions = _cleanup_base_versions(table.dataset(), older_than, retain_versions)
     merged = _merged_in_every_retained_version(storage, table.dataset(), table.shard_ids)
     bounds = _collectable_generations(storage, table.dataset(), merged)
@@ -150,7 +157,7 @@ def collect_garbage(
         present = list_generation_dirs(storage, shard_id)
         generations += _delete_compacted_generations(storage, shard_id, listed, present, bounds[shard_id])
         orphans += _delete_orphans(storage, shard_id, listed, present, now_ns - int(orphan_grace_seconds * 1e9))
-        wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_grace_seconds * 1e9))
+        wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_keep_seconds * 1e9))
         runs += _delete_retired_runs(storage, shard_id, merged[shard_id], now_ns - int(orphan_grace_seconds * 1e9))
     orphans += _delete_stale_staging(storage, now_ns - int(orphan_grace_seconds * 1e9))
     return GcResult(generations, wal, orphans, versions, runs, time.monotonic() - started)

@@ -7,6 +7,13 @@
     df = spark.read.format("lance_lsm").option("fresh", "false").load(uri)
     df = spark.read.format("lance_lsm").option("columns", "id,price").load(uri)
     df = spark.read.format("lance_lsm").option("storage.aws_endpoint", "http://...").load("s3://bucket/t.lance")
+    df = spark.read.format("lance_lsm").option("as_of", str(version)).load(uri)          # == read(as_of=version)
+    df = spark.read.format("lance_lsm").option("changes_since", str(version)).load(uri)  # == changes(since=version)
+
+``as_of`` reads the merged view as a :class:`~resources.lsm.format.version.TableVersion`
+pinned it; ``changes_since`` (and optionally ``changes_until``) reads the
+change feed (:meth:`LsmTable.changes`: the table's columns plus ``_op``), in
+one partition: its size follows the change.
 
 Options named ``storage.<key>`` are the table's Lance storage options
 (:meth:`LsmTable.open`), used on the driver and in every task; without them
@@ -90,10 +97,11 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..format.schema import empty_tail, live_rows
-from ..format.shard_manifest import list_wal_entries
 from ..format.shard_state import ShardState
 from ..format.storage import StorageOptions, TableStorage
+from ..format.version import TableVersion
 from ..handle import TableHandle
+from ..read.change_feed import change_schema
 from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
 from ..read.pending_run import PendingRuns
 from ..read.wal_tail import read_wal_tail
@@ -134,8 +142,17 @@ class ShardRangePartition(InputPartition):
     shards: tuple[ShardPin, ...]
 
 
+@dataclass(frozen=True)
+class ChangesPartition(InputPartition):
+    """The change feed between two versions (their text)."""
+
+    since: str
+    until: str
+
+
 class LsmDataSource(DataSource):
-    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh``, ``columns`` and ``storage.<key>``.
+    """``spark.read.format("lance_lsm").load(uri)``; options ``fresh``, ``columns``, ``as_of``,
+    ``changes_since`` / ``changes_until`` and ``storage.<key>``.
 
     Also the sink of ``df.write`` and ``df.writeStream`` (:mod:`resources.lsm.spark.writer`).
     """
@@ -145,7 +162,11 @@ class LsmDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        table_schema = TableHandle.open(self._uri, storage_options_of(self.options)).schema
+        table = TableHandle.open(self._uri, storage_options_of(self.options))
+        as_of = _version_option(self.options, "as_of")
+        table_schema = table.dataset_at(as_of).schema if as_of else table.schema
+        if _version_option(self.options, "changes_since"):
+            table_schema = change_schema(table_schema, list(table.primary_key))
         columns = _columns_option(self.options) or table_schema.names
         return from_arrow_schema(pa.schema([_plain(table_schema.field(c)) for c in columns]))
 
@@ -157,9 +178,13 @@ class LsmDataSource(DataSource):
         """``df.writeStream.format("lance_lsm")...start(uri)`` (see :mod:`resources.lsm.spark.writer`)."""
         return LsmStreamWriter(write_options(self.options, schema, overwrite))
 
-    def reader(self, schema: StructType) -> LsmReader:
+    def reader(self, schema: StructType) -> DataSourceReader:
+        storage_options = storage_options_of(self.options)
+        since, until = _version_option(self.options, "changes_since"), _version_option(self.options, "changes_until")
+        if since is not None:
+            return ChangesReader(self._uri, schema, since, until, storage_options)
         fresh = str(self.options.get("fresh", "true")).lower() != "false"
-        return LsmReader(self._uri, schema, fresh, storage_options_of(self.options))
+        return LsmReader(self._uri, schema, fresh, storage_options, _version_option(self.options, "as_of"))
 
     @property
     def _uri(self) -> str:
@@ -173,13 +198,19 @@ class LsmReader(DataSourceReader):
     """Reads the merged view; see the module docstring for partitioning and pushdown."""
 
     def __init__(
-        self, uri: str, schema: StructType, fresh: bool, storage_options: StorageOptions | None = None
+        self,
+        uri: str,
+        schema: StructType,
+        fresh: bool,
+        storage_options: StorageOptions | None = None,
+        as_of: TableVersion | None = None,
     ) -> None:
         table = TableHandle.open(uri, storage_options)
         self.uri = table.uri
         self.storage_options = table.storage_options
         self.primary_key = list(table.primary_key)
-        self.table_schema = table.schema
+        self.as_of = as_of
+        self.table_schema = table.dataset_at(as_of).schema if as_of else table.schema
         self.columns = schema.fieldNames()
         self.output_schema = to_arrow_schema(schema, timezone="UTC")
         self.fresh = fresh
@@ -196,14 +227,19 @@ class LsmReader(DataSourceReader):
     def partitions(self) -> Sequence[ShardRangePartition]:
         """Pin the snapshot and split it into one partition per shard range."""
         table = TableHandle.open(self.uri, self.storage_options)
-        dataset = table.dataset_to_read()  # the version just opened, unless a commit came since
-        pins = tuple(self._pin(table.storage, state) for state in table.shard_states(dataset, for_read=True))
+        if self.as_of is None:
+            dataset = table.dataset_to_read()  # the version just opened, unless a commit came since
+            states = table.shard_states(dataset, for_read=True)
+        else:
+            dataset = table.dataset_at(self.as_of)
+            states = table.shard_states_at(self.as_of, dataset)
+        pins = tuple(self._pin(state) for state in states)
         slices = _balanced_slices(dataset, len(pins))
         return [ShardRangePartition(i, dataset.version, slices[i], pins) for i in range(len(pins))]
 
-    def _pin(self, storage: TableStorage, state: ShardState) -> ShardPin:
+    def _pin(self, state: ShardState) -> ShardPin:
         tail = self.fresh and state.unflushed_wal_entries > 0
-        return ShardPin(state, _last_wal_position(storage, state.shard_id) if tail else None)
+        return ShardPin(state, state.wal_position if tail else None)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
@@ -249,6 +285,36 @@ class LsmReader(DataSourceReader):
 
     def _output(self, rows: pa.Table) -> Iterator[pa.RecordBatch]:
         yield from rows.select(self.columns).cast(self.output_schema).to_batches()
+
+
+class ChangesReader(DataSourceReader):
+    """Reads the change feed from ``since`` to ``until`` (default: the version when the read is planned)."""
+
+    def __init__(
+        self,
+        uri: str,
+        schema: StructType,
+        since: TableVersion,
+        until: TableVersion | None,
+        storage_options: StorageOptions | None = None,
+    ) -> None:
+        self.uri, self.storage_options = uri, storage_options
+        self.since, self.until = since, until
+        self.columns = schema.fieldNames()
+        self.output_schema = to_arrow_schema(schema, timezone="UTC")
+
+    def partitions(self) -> Sequence[ChangesPartition]:
+        until = self.until or TableHandle.open(self.uri, self.storage_options).version()
+        return [ChangesPartition(str(self.since), str(until))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from ..read.change_feed import changes
+
+        partition = cast(ChangesPartition, partition)
+        table = TableHandle.open(self.uri, self.storage_options)
+        feed = changes(table, TableVersion.parse(partition.since), TableVersion.parse(partition.until))
+        for batch in feed:
+            yield pa.RecordBatch.from_arrays(batch.select(self.columns).columns, schema=self.output_schema)
 
 
 def filter_expression(filters: Sequence[Filter], schema: pa.Schema) -> pc.Expression | None:
@@ -323,9 +389,10 @@ def _balanced_slices(dataset: lance.LanceDataset, parts: int) -> list[tuple[int,
     return [tuple(sorted(s)) for s in slices]
 
 
-def _last_wal_position(storage: TableStorage, shard_id: str) -> int:
-    entries = list_wal_entries(storage, shard_id)
-    return entries[-1].position if entries else 0
+def _version_option(options: Mapping[str, str], name: str) -> TableVersion | None:
+    """Option ``name`` as a table version (``None`` when not given)."""
+    text = str(options.get(name) or "").strip()
+    return TableVersion.parse(text) if text else None
 
 
 def _columns_option(options: Mapping[str, str]) -> list[str]:

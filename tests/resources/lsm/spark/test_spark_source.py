@@ -92,3 +92,23 @@ def test_partitions_split_the_base_and_pin_the_snapshot(lsm):
     rows = pa.Table.from_batches([b for p in partitions for b in reader.read(p)])
     assert 900 not in rows["id"].to_pylist()
     assert rows_by_key(rows) == {k: v for k, v in rows_by_key(lsm.read()).items() if k != (900,)}
+
+
+def test_as_of_reads_a_version_and_changes_since_reads_the_feed(spark, tmp_path):
+    table = LsmTable.create(str(tmp_path / "versions.lance"), ITEMS_SCHEMA, ["id"], num_shards=2)
+    table.write(items(range(50), "one"))
+    table.close()
+    table.compact()
+    table.write(items(range(40, 60), "two"))  # in the WAL when the version is taken
+    version, view = table.version(), rows_by_key(table.read())
+    table.write(deletes(range(5)))
+    table.write(items(range(55, 70), "three"))
+    table.close()
+    table.compact()
+    register_spark_source(spark)
+
+    then = spark.read.format("lance_lsm").option("as_of", str(version)).load(table.uri)
+    assert spark_rows(then) == view
+    feed = spark.read.format("lance_lsm").option("changes_since", str(version)).load(table.uri)
+    expected = rows_by_key(table.changes(since=version).read_all())
+    assert spark_rows(feed) == expected and len(expected) == 5 + 15
