@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .layout import VERSIONS_DIR, generation_dir
-from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
+from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest
 from .storage import TableStorage
 from .version import ShardPosition
-from .wal import read_wal_entry
+from .wal import sentinel_epoch
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def load_shard_state(
     entries = list_wal_entries(storage, shard_id, after=replay_after)
     if at is not None:
         entries = [e for e in entries if e.position <= at.wal_position]
-    unflushed = [e for e in entries if not _is_fence_sentinel(storage, shard_id, e)]
+    unflushed = [e for e in entries if sentinel_epoch(storage, shard_id, e) is None]
     wal_mtimes = [e.mtime_ns for e in unflushed if e.mtime_ns is not None]
     listed_dirs = {directory for _, directory in listed}
     present = () if for_read else list_generation_dirs(storage, shard_id)
@@ -136,15 +136,3 @@ def generation_flush_time_ns(storage: TableStorage, shard_id: str, directory: st
     versions = storage.list_dir(f"{generation_dir(shard_id, directory)}/{VERSIONS_DIR}")
     mtimes = [f.mtime_ns for f in versions if f.mtime_ns is not None]
     return min(mtimes, default=None)
-
-
-# A fence sentinel is an Arrow IPC stream with an empty schema: a few hundred
-# bytes. Any entry holding rows carries the table schema and is larger.
-_SENTINEL_MAX_BYTES = 1024
-
-
-def _is_fence_sentinel(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> bool:
-    if entry.size >= _SENTINEL_MAX_BYTES:
-        return False
-    metadata, _ = read_wal_entry(storage, shard_id, entry)
-    return metadata.get("fence_sentinel") == "true"

@@ -38,3 +38,16 @@ def read_wal_entry(storage: TableStorage, shard_id: str, entry: WalEntryFile) ->
         ) from exc
     metadata = {k.decode(): v.decode() for k, v in (reader.schema.metadata or {}).items()}
     return metadata, table
+
+
+# A fence sentinel is an Arrow IPC stream with an empty schema: a few hundred
+# bytes. Any entry holding rows carries the table schema and is larger.
+_SENTINEL_MAX_BYTES = 1024
+
+
+def sentinel_epoch(storage: TableStorage, shard_id: str, entry: WalEntryFile) -> int | None:
+    """The writer epoch of a fence sentinel entry, or ``None`` for an entry of changes (read only if small)."""
+    if entry.size >= _SENTINEL_MAX_BYTES:
+        return None
+    metadata, _ = read_wal_entry(storage, shard_id, entry)
+    return int(metadata.get("writer_epoch", 0)) if metadata.get("fence_sentinel") == "true" else None

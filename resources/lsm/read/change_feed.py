@@ -1,44 +1,50 @@
-"""The change feed: the net change per key between two table versions.
+"""The change feed: every key written between two table versions, once, with its state at the later one.
 
-Which keys can have changed: every change goes to its shard's WAL first, and
-WAL positions only grow. A change made after version ``since`` is, at
-``until``, either in a generation the shard's manifest lists at ``until``
-but did not list at ``since`` (flushed in between), or in ``until``'s WAL
-tail. The keys of those levels (a superset: ``since``'s own WAL tail is
-flushed later too) are looked up at both versions, a chunk at a time; a key
-whose row differs is an upsert with its row at ``until``, a key live only at
-``since`` a delete. Reading the keys costs the change, the lookups probe the
-base through its key index: the base is never scanned.
+Where the changes are: every change goes to its shard's WAL before anything
+else sees it, and WAL positions only grow. A version pins each shard's
+newest WAL position, so what was written from ``since`` to ``until`` is
+exactly the WAL entries after ``since``'s position up to ``until``'s, in
+every shard; their newest change per key is that key's state at ``until``
+(no level can hold a newer change of it). The feed reads those entries and
+nothing else: the change, never the base. Entries a fenced writer appended
+are skipped, as a replay skips them.
 
-The generations flushed after ``since`` outlive its base version: garbage
-collection deletes a generation only once every retained base version has
-merged it (:mod:`resources.lsm.maintenance.gc`), so a feed from a retained
-version always finds them, merged into the base or not.
+A delete is reported only for a key that was live at ``since`` (looked up
+there; the base through its key index), so a key inserted and deleted in
+between does not appear. A key written again with the values it had is
+reported as an upsert: telling it apart would cost a base lookup per
+written key.
+
+Garbage collection keeps consumed WAL entries for at least the base-version
+retention (:mod:`resources.lsm.maintenance.gc`), so the entries after a
+retained version are there; if some are gone, the version is not retained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..format.schema import OP_COLUMN, conform
+from ..errors import VersionNotRetainedError
+from ..format.schema import OP_COLUMN, TOMBSTONE_COLUMN
+from ..format.shard_manifest import list_wal_entries
 from ..format.version import TableVersion
 from ..handle import TableHandle
-from .generations import open_generation
-from .key_sets import rows_of_keys
 from .merged_read import ReadSnapshot, lookup
+from .wal_tail import read_wal_tail
 
-KEYS_PER_CHUNK = 65_536
-"""Changed keys looked up together: the feed's memory follows this, not the number of changes."""
+ROWS_PER_BATCH = 65_536
+"""Rows per batch of the feed."""
 
 
 def changes(handle: TableHandle, since: TableVersion, until: TableVersion) -> pa.RecordBatchReader:
-    """The net change per key from ``since`` to ``until``: the table's columns (at ``until``) plus ``_op``.
+    """The keys written from ``since`` to ``until``: the table's columns (at ``until``) plus ``_op``.
 
     Both versions are pinned (and checked to be retained) before this returns.
+    Memory holds the changes (one row per written key), as a read holds the
+    levels above the base.
 
     Raises
     ------
@@ -52,20 +58,15 @@ def changes(handle: TableHandle, since: TableVersion, until: TableVersion) -> pa
     before = handle.snapshot(True, as_of=since)
     after = handle.snapshot(True, as_of=until)
     key = list(handle.primary_key)
-    touched = _written_keys(handle, before, after)
-    columns = after.dataset.schema
-    schema = change_schema(columns, key)
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        for offset in range(0, touched.num_rows, KEYS_PER_CHUNK):
-            keys = touched.slice(offset, KEYS_PER_CHUNK)
-            buckets = handle.router.buckets(keys)
-            old = lookup(before, keys, buckets, before.dataset.schema.names, handle.generation_filters)
-            new = lookup(after, keys, buckets, columns.names, handle.generation_filters)
-            # Columns added in between read as null at `since`, as every reader of older rows sees them.
-            yield from _net_change(conform(old, columns), new, key, schema).to_batches()
-
-    return pa.RecordBatchReader.from_batches(schema, (b for b in batches() if b.num_rows))
+    written = _written(handle, since, before, after)
+    deleted = written[TOMBSTONE_COLUMN]
+    upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
+    gone = written.filter(deleted).select(key)
+    if gone.num_rows:  # only keys live at `since` were deleted
+        gone = lookup(before, gone, handle.router.buckets(gone), key, handle.generation_filters)
+    schema = change_schema(after.dataset.schema, key)
+    feed = pa.concat_tables([_with_op(upserts, "upsert", schema), _with_op(gone, "delete", schema)])
+    return pa.RecordBatchReader.from_batches(schema, _batches(feed))
 
 
 def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
@@ -74,44 +75,32 @@ def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
     return pa.schema([*fields, pa.field(OP_COLUMN, pa.string(), nullable=False)])
 
 
-def _written_keys(handle: TableHandle, before: ReadSnapshot, after: ReadSnapshot) -> pa.Table:
-    """Every key written after ``before`` and by ``after`` (once each): new generations and ``after``'s WAL tail."""
-    key = list(handle.primary_key)
-    parts = [after.tail.select(key)]
+def _written(handle: TableHandle, since: TableVersion, before: ReadSnapshot, after: ReadSnapshot) -> pa.Table:
+    """The newest change (with ``_tombstone``) of every key written after ``before`` (``since``), up to ``after``.
+
+    Raises
+    ------
+    VersionNotRetainedError
+        If some of those WAL entries were collected.
+    """
+    schema, key = after.dataset.schema, list(handle.primary_key)
+    parts = []
     for old, new in zip(before.shards, after.shards, strict=True):
-        listed_before = set(old.flushed_generations)
-        for _, directory in (g for g in new.flushed_generations if g not in listed_before):
-            generation = open_generation(handle.storage, new.shard_id, directory, handle.session)
-            parts.append(generation.to_table(columns=key))
-    written = pa.concat_tables([p.cast(parts[0].schema) for p in parts])
-    return written.group_by(key, use_threads=False).aggregate([]).select(key)
-
-
-def _net_change(old: pa.Table, new: pa.Table, key: list[str], schema: pa.Schema) -> pa.Table:
-    """Upserts: rows of ``new`` that ``old`` lacks or holds otherwise; deletes: keys only ``old`` holds."""
-    in_old = rows_of_keys(new, old, key)
-    present = pc.is_valid(in_old).to_numpy(zero_copy_only=False)
-    same = np.zeros(new.num_rows, dtype=bool)
-    if present.any():
-        same[present] = _same_rows(new.filter(pa.array(present)), old.take(in_old.drop_null()))
-    upserts = new.filter(pa.array(~same))
-    gone = pc.is_null(rows_of_keys(old, new, key)).to_numpy(zero_copy_only=False)
-    deletes = old.filter(pa.array(gone)).select(key)
-    return pa.concat_tables([_with_op(upserts, "upsert", schema), _with_op(deletes, "delete", schema)])
-
-
-def _same_rows(left: pa.Table, right: pa.Table) -> np.ndarray:
-    """For aligned rows of ``left`` and ``right``, whether every column holds the same value (nulls alike)."""
-    same = np.ones(left.num_rows, dtype=bool)
-    for name in left.column_names:
-        a, b = left[name].combine_chunks(), right[name].combine_chunks()
-        if pa.types.is_nested(a.type):  # compute kernels do not compare lists: compare as Python values
-            equal = np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)], dtype=bool)
-        else:
-            both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-            equal = pc.fill_null(pc.or_(pc.equal(a, b), both_null), False).to_numpy(zero_copy_only=False)
-        same &= equal
-    return same
+        present = list_wal_entries(handle.storage, new.shard_id, after=old.wal_position)
+        if sum(1 for e in present if e.position <= new.wal_position) < new.wal_position - old.wal_position:
+            raise VersionNotRetainedError(since, f"WAL entries of shard {new.bucket} were removed")
+        parts.append(
+            read_wal_tail(
+                handle.storage,
+                new.shard_id,
+                old.replay_after_wal_position,
+                schema,
+                key,
+                up_to_position=new.wal_position,
+                written_after=old.wal_position,
+            )
+        )
+    return pa.concat_tables(parts)
 
 
 def _with_op(rows: pa.Table, op: str, schema: pa.Schema) -> pa.Table:
@@ -122,3 +111,9 @@ def _with_op(rows: pa.Table, op: str, schema: pa.Schema) -> pa.Table:
         if f.name != OP_COLUMN
     ]
     return pa.Table.from_arrays([*arrays, pa.array([op] * rows.num_rows, pa.string())], schema=schema)
+
+
+def _batches(feed: pa.Table) -> Iterator[pa.RecordBatch]:
+    for batch in feed.to_batches(max_chunksize=ROWS_PER_BATCH):
+        if batch.num_rows:
+            yield batch

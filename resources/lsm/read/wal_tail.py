@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..format.schema import conform, empty_tail
 from ..format.shard_manifest import list_wal_entries
 from ..format.storage import TableStorage
-from ..format.wal import read_wal_entry
+from ..format.wal import read_wal_entry, sentinel_epoch
 from .dedup import keep_last_per_key
 
 
@@ -25,19 +25,25 @@ def read_wal_tail(
     schema: pa.Schema,
     primary_key: list[str],
     up_to_position: int | None = None,
+    written_after: int | None = None,
 ) -> pa.Table:
     """The newest change per key among WAL entries after ``after_position``.
 
     Returns the table's columns plus ``_tombstone`` (True = deleted), one row
     per key, or an empty table when the tail is empty. ``up_to_position``
     (inclusive) pins the tail to the entries a reader planned with, so
-    parallel readers of one snapshot see the same tail.
+    parallel readers of one snapshot see the same tail. ``written_after``
+    keeps only the changes of entries after that position (fences are still
+    read from ``after_position`` on): what was written after a table version.
     """
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
     parts = []
     for entry in list_wal_entries(storage, shard_id, after=after_position):
         if up_to_position is not None and entry.position > up_to_position:
+            continue
+        if written_after is not None and entry.position <= written_after:  # only its fence counts
+            fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
             continue
         metadata, rows = read_wal_entry(storage, shard_id, entry)
         epoch = int(metadata.get("writer_epoch", 0))

@@ -1,4 +1,4 @@
-"""The change feed: net change per key between two versions, against the difference of their views."""
+"""The change feed: every key written between two versions, with its state at the later one, against an oracle."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ import pytest
 from resources.lsm import LsmTable
 from resources.lsm.read import change_feed
 from resources.lsm.testing.changegen import EVENTS_SCHEMA
-from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view, run_worker
-from tests.resources.lsm.read.test_time_travel import versioned_history
+from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, run_worker
+from tests.resources.lsm.read.test_time_travel import BATCHES, versioned_history
 
 
-def expected_changes(before: dict, after: dict) -> dict:
-    """The oracle: upserts for keys new or different in ``after``, deletes for keys only ``before`` holds."""
-    changes = {k: {**row, "_op": "upsert"} for k, row in after.items() if before.get(k) != row}
-    for k, row in before.items():
-        if k not in after:
-            changes[k] = {**dict.fromkeys(row), "id": row["id"], "_op": "delete"}
+def expected_changes(before: dict, after: dict, written: set) -> dict:
+    """The oracle: each key ``written`` in between once: an upsert with its row in ``after``, or a delete
+    if ``before`` holds it and ``after`` does not."""
+    changes = {k: {**after[k], "_op": "upsert"} for k in written if k in after}
+    for k in written:
+        if k in before and k not in after:
+            changes[k] = {**dict.fromkeys(before[k]), "id": before[k]["id"], "_op": "delete"}
     return changes
+
+
+def keys_of(batches: list[pa.Table]) -> set:
+    return {(k,) for batch in batches for k in batch["id"].to_pylist()}
 
 
 def feed(table: LsmTable, since, until=None) -> dict:
@@ -33,32 +38,37 @@ def feed(table: LsmTable, since, until=None) -> dict:
     return by_key
 
 
-def test_changes_between_any_two_versions_are_the_difference_of_their_views(tmp_path):
+def test_changes_between_any_two_versions_follow_the_oracle(tmp_path):
     table, versions = versioned_history(str(tmp_path / "t.lance"))
     table.close()
     table.compact()
-    for (since, before), (until, after) in itertools.combinations(versions, 2):
-        assert feed(table, since, until) == expected_changes(before, after)
+    for (i, (since, before)), (j, (until, after)) in itertools.combinations(enumerate(versions), 2):
+        assert feed(table, since, until) == expected_changes(before, after, keys_of(BATCHES[i + 1 : j + 1]))
     latest, view = versions[-1]
     assert feed(table, latest) == {}
-    assert feed(table, versions[0][0]) == expected_changes(versions[0][1], view)  # until now
+    assert feed(table, versions[0][0]) == expected_changes(versions[0][1], view, keys_of(BATCHES[1:]))  # until now
 
 
-def test_a_key_changed_and_changed_back_is_not_a_change(make_table):
+def test_what_was_written_before_the_version_is_not_a_change(make_table):
     table = make_table(EVENTS_SCHEMA)
     row = {"id": [1], "customer": ["a"], "amount": [1.0], "status": ["new"]}
     table.write(pa.table(row))
-    since = table.version()
-    table.write(pa.table({**row, "status": ["paid"]}))
+    table.write(pa.table({**row, "id": [3]}))
+    since = table.version()  # keys 1 and 3 in the WAL, flushed after `since`
     table.close()
-    table.write(pa.table(row))
-    table.write(pa.table({"id": [2], "customer": ["b"], "amount": [2.0], "status": ["new"]}))
-    table.write(pa.table({"id": [2], "_op": ["delete"]}))
     assert feed(table, since) == {}
+    table.write(pa.table({**row, "status": ["paid"]}))
+    table.write(pa.table(row))  # changed and changed back: written, with its newest row
+    table.write(pa.table({"id": [2], "customer": ["b"], "amount": [2.0], "status": ["new"]}))
+    table.write(pa.table({"id": [2, 3], "_op": ["delete", "delete"]}))  # 2 was never live at `since`
+    assert feed(table, since) == {
+        (1,): {"id": 1, "customer": "a", "amount": 1.0, "status": "new", "_op": "upsert"},
+        (3,): {"id": 3, "customer": None, "amount": None, "status": None, "_op": "delete"},
+    }
 
 
-def test_the_feed_reads_only_the_changed_keys(make_table, monkeypatch):
-    """Keys come from the levels written after `since`; the base is only probed, for those keys."""
+def test_the_feed_never_reads_the_base_for_upserts(make_table, monkeypatch):
+    """Upserts come from the levels written after `since`; only deleted keys are looked up, at `since`."""
     table = make_table(EVENTS_SCHEMA, num_shards=2)
     base = pa.table(
         {"id": range(5000), "customer": ["c"] * 5000, "amount": [1.0] * 5000, "status": ["new"] * 5000},
@@ -69,27 +79,28 @@ def test_the_feed_reads_only_the_changed_keys(make_table, monkeypatch):
     table.compact()
     since = table.version()
     table.write(pa.table({"id": [7, 4999], "customer": ["x", "y"], "amount": [2.0, 3.0], "status": ["paid", "paid"]}))
+    table.write(pa.table({"id": [12, 10**6], "_op": ["delete", "delete"]}))
     looked_up = []
     lookup = change_feed.lookup
-    monkeypatch.setattr(
-        change_feed, "lookup", lambda s, keys, *a: looked_up.append(keys.num_rows) or lookup(s, keys, *a)
-    )
-    assert sorted(feed(table, since)) == [(7,), (4999,)]
-    assert looked_up == [2, 2]
+
+    def counting_lookup(snapshot, keys, *args):
+        looked_up.append(keys.num_rows)
+        return lookup(snapshot, keys, *args)
+
+    monkeypatch.setattr(change_feed, "lookup", counting_lookup)
+    assert {k: r["_op"] for k, r in feed(table, since).items()} == {(7,): "upsert", (4999,): "upsert", (12,): "delete"}
+    assert looked_up == [2]  # the two deleted keys, not the upserted ones
 
 
 def test_a_merge_killed_midway_never_changes_the_feed(tmp_path):
     uri = str(tmp_path / "t.lance")
-    _, batches = build_change_table(uri)
+    build_change_table(uri)
     table = LsmTable.open(uri)
-    since, before = table.version(), oracle_view(batches)
-    table.write(
-        pa.table({"id": [10**6], "customer": ["late"], "amount": [1.0], "status": ["new"]}, schema=EVENTS_SCHEMA)
-    )
+    since = table.version()
+    late = {"id": 10**6, "customer": "late", "amount": 1.0, "status": "new"}
+    table.write(pa.Table.from_pylist([late], schema=EVENTS_SCHEMA))
     table.close()
-    expected = expected_changes(
-        before, {**before, (10**6,): {"id": 10**6, "customer": "late", "amount": 1.0, "status": "new"}}
-    )
+    expected = {(late["id"],): {**late, "_op": "upsert"}}
     rng = random.Random(3)
     for nth in (1, 2):
         run_worker(uri, "compact", "during-commit", nth, rng.uniform(0.0, 0.02))

@@ -12,19 +12,21 @@ from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, gen
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import oracle_view
 
+BATCHES = list(generate_changes(ChangeStreamSpec(num_keys=600, num_batches=6, batch_size=250, seed=11)))
+
 
 def versioned_history(uri: str) -> tuple[LsmTable, list[tuple[TableVersion, dict]]]:
-    """A table written batch by batch, some batches flushed, one merge midway; each batch's version and view."""
-    batches = list(generate_changes(ChangeStreamSpec(num_keys=600, num_batches=6, batch_size=250, seed=11)))
+    """A table written batch by batch (:data:`BATCHES`), some batches flushed, one merge midway; each
+    batch's version and view."""
     table = LsmTable.create(uri, EVENTS_SCHEMA, ["id"], num_shards=3)
     history = []
-    for number, batch in enumerate(batches):
+    for number, batch in enumerate(BATCHES):
         table.write(batch)
         if number % 2:
             table.close()  # a generation in every shard; the other batches wait in the WAL
         if number == 3:
             table.compact()
-        history.append((table.version(), oracle_view(batches[: number + 1])))
+        history.append((table.version(), oracle_view(BATCHES[: number + 1])))
     return table, history
 
 
