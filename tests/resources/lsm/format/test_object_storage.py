@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from resources.lsm import LsmTable
+from resources.lsm import LsmTable, VersionNotRetainedError
 from resources.lsm.format.layout import ARCHIVE_DIR
 from resources.lsm.format.shard_manifest import list_generation_dirs
 from resources.lsm.format.storage import TableStorage, filesystem, join
@@ -61,6 +61,7 @@ def test_write_read_lookup_flush_compact_gc_on_s3(configured):
     reopened = LsmTable.open(uri, storage_options=options)
     expected = replay(batches)
     assert _view(reopened) == expected
+    version = reopened.version()  # read again after the flush, merge and GC below
     some = sorted(expected)[:5]
     assert sorted(reopened.lookup(some)["id"].to_pylist()) == some  # bloom filters read from s3
     assert _generations(reopened) == 2 * (len(batches) - 1)
@@ -68,10 +69,14 @@ def test_write_read_lookup_flush_compact_gc_on_s3(configured):
     assert reopened.flush() and all(s.unflushed_wal_entries == 0 for s in reopened.shards())
     merged = reopened.compact()
     assert merged.generations_merged == _generations(reopened)
+    assert {k[0]: v for k, v in rows_by_key(reopened.read(as_of=version)).items()} == expected
+    assert reopened.changes(since=version).read_all().num_rows == 0
     reclaimed = reopened.gc(**EVERYTHING)
     assert reclaimed.compacted_generations.count == merged.generations_merged and _generations(reopened) == 0
     assert _view(reopened) == expected
     assert reopened.dataset().count_rows() == len(expected)
+    with pytest.raises(VersionNotRetainedError):  # GC kept one base version
+        reopened.read(as_of=version)
 
 
 def test_landing_files_ledger_and_retention_on_s3(configured):
