@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import VersionNotRetainedError
 from ..format.schema import OP_COLUMN, TOMBSTONE_COLUMN
 from ..format.shard_manifest import list_wal_entries
+from ..format.shard_state import ShardState
 from ..format.version import TableVersion
 from ..handle import TableHandle
 from .merged_read import ReadSnapshot, lookup
@@ -42,9 +44,9 @@ ROWS_PER_BATCH = 65_536
 def changes(handle: TableHandle, since: TableVersion, until: TableVersion) -> pa.RecordBatchReader:
     """The keys written from ``since`` to ``until``: the table's columns (at ``until``) plus ``_op``.
 
-    Both versions are pinned (and checked to be retained) before this returns.
-    Memory holds the changes (one row per written key), as a read holds the
-    levels above the base.
+    Both versions are pinned, and checked to be retained, before this
+    returns. The feed is produced a shard at a time: memory holds one
+    shard's changes (one row per written key), not the table's.
 
     Raises
     ------
@@ -57,16 +59,16 @@ def changes(handle: TableHandle, since: TableVersion, until: TableVersion) -> pa
         raise ValueError(f"until ({until}) is older than since ({since})")
     before = handle.snapshot(True, as_of=since)
     after = handle.snapshot(True, as_of=until)
-    key = list(handle.primary_key)
-    written = _written(handle, since, before, after)
-    deleted = written[TOMBSTONE_COLUMN]
-    upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
-    gone = written.filter(deleted).select(key)
-    if gone.num_rows:  # only keys live at `since` were deleted
-        gone = lookup(before, gone, handle.router.buckets(gone), key, handle.generation_filters)
-    schema = change_schema(after.dataset.schema, key)
-    feed = pa.concat_tables([_with_op(upserts, "upsert", schema), _with_op(gone, "delete", schema)])
-    return pa.RecordBatchReader.from_batches(schema, _batches(feed))
+    shards = list(zip(before.shards, after.shards, strict=True))
+    for old, new in shards:
+        _check_written_entries(handle, since, old, new)
+    schema = change_schema(after.dataset.schema, list(handle.primary_key))
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for old, new in shards:
+            yield from _shard_changes(handle, before, old, new, schema).to_batches(max_chunksize=ROWS_PER_BATCH)
+
+    return pa.RecordBatchReader.from_batches(schema, (b for b in batches() if b.num_rows))
 
 
 def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
@@ -75,32 +77,37 @@ def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
     return pa.schema([*fields, pa.field(OP_COLUMN, pa.string(), nullable=False)])
 
 
-def _written(handle: TableHandle, since: TableVersion, before: ReadSnapshot, after: ReadSnapshot) -> pa.Table:
-    """The newest change (with ``_tombstone``) of every key written after ``before`` (``since``), up to ``after``.
+def _check_written_entries(handle: TableHandle, since: TableVersion, old: ShardState, new: ShardState) -> None:
+    """Raise :class:`VersionNotRetainedError` unless every WAL entry after ``old``'s position up to ``new``'s is there.
 
-    Raises
-    ------
-    VersionNotRetainedError
-        If some of those WAL entries were collected.
+    WAL positions have no gaps, so counting them tells.
     """
-    schema, key = after.dataset.schema, list(handle.primary_key)
-    parts = []
-    for old, new in zip(before.shards, after.shards, strict=True):
-        present = list_wal_entries(handle.storage, new.shard_id, after=old.wal_position)
-        if sum(1 for e in present if e.position <= new.wal_position) < new.wal_position - old.wal_position:
-            raise VersionNotRetainedError(since, f"WAL entries of shard {new.bucket} were removed")
-        parts.append(
-            read_wal_tail(
-                handle.storage,
-                new.shard_id,
-                old.replay_after_wal_position,
-                schema,
-                key,
-                up_to_position=new.wal_position,
-                written_after=old.wal_position,
-            )
-        )
-    return pa.concat_tables(parts)
+    present = list_wal_entries(handle.storage, new.shard_id, after=old.wal_position)
+    if sum(1 for e in present if e.position <= new.wal_position) < new.wal_position - old.wal_position:
+        raise VersionNotRetainedError(since, f"WAL entries of shard {new.bucket} were removed")
+
+
+def _shard_changes(
+    handle: TableHandle, before: ReadSnapshot, old: ShardState, new: ShardState, schema: pa.Schema
+) -> pa.Table:
+    """One shard's part of the feed: its keys written after ``old``'s WAL position up to ``new``'s."""
+    key = list(handle.primary_key)
+    columns = pa.schema([f for f in schema if f.name != OP_COLUMN])
+    written = read_wal_tail(
+        handle.storage,
+        new.shard_id,
+        old.replay_after_wal_position,  # fences are read from the replay position on, as a replay does
+        columns,
+        key,
+        up_to_position=new.wal_position,
+        written_after=old.wal_position,
+    )
+    deleted = written[TOMBSTONE_COLUMN]
+    upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
+    gone = written.filter(deleted).select(key)
+    if gone.num_rows:  # only keys live at `since` were deleted
+        gone = lookup(before, gone, np.full(gone.num_rows, new.bucket), key, handle.generation_filters)
+    return pa.concat_tables([_with_op(upserts, "upsert", schema), _with_op(gone, "delete", schema)])
 
 
 def _with_op(rows: pa.Table, op: str, schema: pa.Schema) -> pa.Table:
@@ -111,9 +118,3 @@ def _with_op(rows: pa.Table, op: str, schema: pa.Schema) -> pa.Table:
         if f.name != OP_COLUMN
     ]
     return pa.Table.from_arrays([*arrays, pa.array([op] * rows.num_rows, pa.string())], schema=schema)
-
-
-def _batches(feed: pa.Table) -> Iterator[pa.RecordBatch]:
-    for batch in feed.to_batches(max_chunksize=ROWS_PER_BATCH):
-        if batch.num_rows:
-            yield batch
