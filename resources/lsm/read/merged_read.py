@@ -172,14 +172,15 @@ class BaseRowFilter:
 class _KeyFilter:
     """A fixed set of keys, prepared once to drop its keys from many base batches.
 
-    A single integer key whose values span a small range (sequence ids, the
-    usual case) becomes a bitmap indexed by value, so a batch costs one array
-    lookup per row; Arrow's hash-set test would rebuild its set for every
-    batch. Other keys go through :func:`key_join`.
+    A single integer key whose values span a bounded range (sequence ids, the
+    usual case) becomes a bitmap indexed by value, one bit per value, so a
+    batch costs one array lookup per row; Arrow's hash-set test would rebuild
+    its set for every batch, and a streaming hash join costs a probe per base
+    row. Other keys go through :func:`key_join`.
     """
 
-    _MAX_SPAN = 1 << 24
-    """Widest value range given a bitmap (16 MB)."""
+    _MAX_SPAN = 1 << 28
+    """Widest value range given a bitmap (32 MiB of bits; 8 MiB for 64Mi dense ids)."""
 
     def __init__(self, keys: pa.Table, key: list[str]) -> None:
         self._keys, self._key = keys, key
@@ -188,8 +189,10 @@ class _KeyFilter:
         if values is not None and keys.num_rows and pa.types.is_integer(values.type) and not values.null_count:
             self._low, high = pc.min(values).as_py(), pc.max(values).as_py()
             if high - self._low < self._MAX_SPAN:
-                self._bitmap = np.zeros(high - self._low + 1, dtype=bool)
-                self._bitmap[values.to_numpy() - self._low] = True
+                present = np.zeros(high - self._low + 1, dtype=bool)
+                present[values.to_numpy() - self._low] = True
+                self._bitmap = np.packbits(present, bitorder="little")
+                self._span = len(present)
 
     @property
     def keys(self) -> pa.Table:
@@ -214,9 +217,10 @@ class _KeyFilter:
         else:
             values = column.to_numpy()
             offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
-            in_range = (values >= self._low) & (offsets >= 0) & (offsets < len(self._bitmap))
+            in_range = (values >= self._low) & (offsets >= 0) & (offsets < self._span)
             found = np.zeros(len(values), dtype=bool)
-            found[in_range] = self._bitmap[offsets[in_range]]
+            inside = offsets[in_range]
+            found[in_range] = (self._bitmap[inside >> 3] >> (inside & 7).astype(np.uint8)) & 1 == 1
         return rows_where(batch, ~found) if found.any() else batch
 
 

@@ -75,6 +75,7 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     "pending",
     [
         [5, 6, 7, 1000],  # a narrow range: the bitmap
+        [-1, 7, 8, 200_000_000],  # a wide range, still a bitmap (one bit per value; 7 and 8 in two bytes)
         [-3, 0, 2, 9],  # negative keys
         [-(2**63), 0, 2**63 - 1],  # a range too wide for a bitmap: Arrow's hash set
         [],
@@ -93,6 +94,12 @@ def test_key_filter_drops_exactly_the_pending_keys(pending):
     assert kept["v"].to_pylist() == [
         v for k, v in zip(base["id"].to_pylist(), range(9), strict=True) if k not in pending
     ]
+
+
+def test_key_filter_on_unsigned_keys_drops_exactly_the_pending_keys():
+    base = pa.record_batch({"id": pa.array([0, 3, 8, 9, 2**64 - 1], pa.uint64())})
+    keys = pa.table({"id": pa.array([3, 9, 2**20], pa.uint64())})
+    assert merged_read._KeyFilter(keys, ["id"]).drop_from(base)["id"].to_pylist() == [0, 8, 2**64 - 1]
 
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
