@@ -35,19 +35,16 @@ def table_definitions(table: DeclaredTable) -> Definitions:
         resources={
             table.resource_key: resource,
             "region_writers": RegionWriterResource(lsm_table=resource),
-            "lsm_io_manager": LsmTableIOManager(),
         },
     )
 
 
-def declared_tables_resource(tables: list[DeclaredTable]) -> dict[str, ResourceDefinition]:
-    """The one resource every declared table is opened through."""
-    registry = DeclaredTables(tables)
-    return {
-        DECLARED_TABLES_RESOURCE: ResourceDefinition.hardcoded_resource(
-            registry, f"The declared tables' LsmTableResource by name ({len(tables)} tables)"
-        )
-    }
+def declared_tables_resource(tables: list[DeclaredTable]) -> dict[str, ResourceDefinition | LsmTableIOManager]:
+    """The one resource every declared table is opened through, and the IO manager reading every table."""
+    registry = ResourceDefinition.hardcoded_resource(
+        DeclaredTables(tables), f"The declared tables' LsmTableResource by name ({len(tables)} tables)"
+    )
+    return {DECLARED_TABLES_RESOURCE: registry, "lsm_io_manager": LsmTableIOManager(tables=registry)}
 
 
 def _default_assets() -> list[AssetsDefinition]:

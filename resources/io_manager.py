@@ -2,8 +2,10 @@
 
 Upstream assets write through the engine themselves (ingestion, flush, merge),
 so :meth:`LsmTableIOManager.handle_output` stores nothing. Loading an input
-reads the merged view (fresh: including rows only in a WAL) of the table at
-``uri`` and hands it over as the type named by the input's ``lsm/format``
+reads the merged view (fresh: including rows only in a WAL) of the upstream
+asset's table: a declared table's for its assets (``orders/ingested_changes``
+reads ``orders``), else the default table at ``uri``, and hands it over as
+the type named by the input's ``lsm/format``
 metadata (``AssetIn(..., metadata={"lsm/format": "pandas"})``) or, without
 it, the type the input is annotated with:
 
@@ -31,19 +33,20 @@ that fails records nothing, so its re-run reads the same changes again. The
 first run gets the whole view, as upserts.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dagster import AssetKey, ConfigurableIOManager, DagsterInstance, InputContext, OutputContext
+from dagster import AssetKey, ConfigurableIOManager, DagsterInstance, InputContext, OutputContext, ResourceDependency
 from pydantic import Field
 
 from .settings import table_uri
 from .spark import spark_session
+from .table_resource import DeclaredTables
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from .lsm import LsmTable
 
 COLUMNS_METADATA = "lsm/columns"
 FILTER_METADATA = "lsm/filter"
@@ -69,13 +72,11 @@ class TableChanges:
     rows: Any
     since: str | None
     until: str
-    uri: str
+    table: "LsmTable"
 
-    def previous(self, columns: list[str] | None = None) -> pa.Table:
+    def previous(self, columns: list[str] | None = None) -> "pa.Table":
         """The rows the changed keys had at ``since`` (their previous values; empty on the first run)."""
-        from .lsm import LsmTable
-
-        table = LsmTable.open(self.uri)
+        table = self.table
         keys = self.rows[table.primary_key] if hasattr(self.rows, "iloc") else self.rows.select(table.primary_key)
         if self.since is None or len(keys) == 0:
             return table.schema.empty_table().select(columns or table.schema.names)
@@ -87,10 +88,14 @@ class TableChanges:
 
 
 class LsmTableIOManager(ConfigurableIOManager):
-    """Loads the merged view of the LSM table at ``uri`` into downstream assets."""
+    """Loads the merged view of an upstream asset's LSM table into downstream assets."""
 
-    uri: str = Field(default_factory=table_uri, description="Table URI (env LSM_TABLE_URI).")
+    uri: str = Field(default_factory=table_uri, description="The default table's URI (env LSM_TABLE_URI).")
     fresh: bool = Field(default=True, description="Include rows durable in a WAL but not yet flushed.")
+    tables: ResourceDependency[DeclaredTables] = Field(
+        default_factory=lambda: DeclaredTables([]),
+        description="The declared tables (the lsm_tables resource): an asset prefixed by one reads that table.",
+    )
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         """Accept ``None`` (or a ``MaterializeResult``'s empty output): the data is already in the table.
@@ -118,24 +123,31 @@ class LsmTableIOManager(ConfigurableIOManager):
 
         columns = _as_value(metadata.get(COLUMNS_METADATA))
         filter = checked_filter(_as_value(metadata.get(FILTER_METADATA)))
+        table = self._open(context)
         if kind == "spark":
-            value = self._spark_frame(context, columns, filter)
+            value = self._spark_frame(table, columns, filter)
             rows = value.count()
         else:
-            from .lsm import LsmTable
-
-            value = LsmTable.open(self.uri).read(columns=columns, filter=filter, fresh=self.fresh)
+            value = table.read(columns=columns, filter=filter, fresh=self.fresh)
             rows = value.num_rows
             if kind == "pandas":
                 value = value.to_pandas()
-        context.add_input_metadata({"row_count": rows, "table_uri": self.uri, "fresh": self.fresh})
+        context.add_input_metadata({"row_count": rows, "table_uri": table.uri, "fresh": self.fresh})
         return value
+
+    def _open(self, context: InputContext) -> "LsmTable":
+        """The upstream asset's table: the declared table its key is prefixed by, else the default table."""
+        path = context.asset_key.path if context.has_asset_key else []
+        declared = self.tables.get(path[0]) if len(path) > 1 else None
+        if declared is not None:
+            return declared.open()
+        from .lsm import LsmTable
+
+        return LsmTable.open(self.uri)
 
     def _changes(self, context: InputContext) -> TableChanges:
         """The change feed since the consuming asset's cursor (the whole view as upserts without one)."""
         import pyarrow as pa
-
-        from .lsm import LsmTable
 
         kind = context.definition_metadata.get(FORMAT_METADATA) or "arrow"
         if kind not in ("arrow", "pandas"):
@@ -144,7 +156,7 @@ class LsmTableIOManager(ConfigurableIOManager):
         if consumer is None:
             raise TypeError(f"{READ_METADATA}='changes' is for inputs of assets (the cursor is the asset's)")
         since = _cursor(context.instance, consumer.key)
-        table = LsmTable.open(self.uri)
+        table = self._open(context)
         until = table.version()
         if since is None:
             view = table.read(as_of=until)
@@ -152,14 +164,16 @@ class LsmTableIOManager(ConfigurableIOManager):
         else:
             rows = table.changes(since, until).read_all()
         context.add_input_metadata({"changed_rows": rows.num_rows, "since": since or "", "until": str(until)})
-        return TableChanges(rows.to_pandas() if kind == "pandas" else rows, since, str(until), self.uri)
+        return TableChanges(rows.to_pandas() if kind == "pandas" else rows, since, str(until), table)
 
-    def _spark_frame(self, context: InputContext, columns: list[str] | None, filter: str | None):
-        """A lazy Spark DataFrame of the merged view on the process's Spark session."""
+    def _spark_frame(self, table: "LsmTable", columns: list[str] | None, filter: str | None):
+        """A lazy Spark DataFrame of ``table``'s merged view on the process's Spark session."""
         reader = spark_session().read.format("lance_lsm").option("fresh", str(self.fresh).lower())
+        for key, value in (table.storage_options or {}).items():
+            reader = reader.option(f"storage.{key}", value)
         if columns:
             reader = reader.option("columns", ",".join(columns))
-        frame = reader.load(self.uri)
+        frame = reader.load(table.uri)
         return frame.filter(filter) if filter else frame
 
 

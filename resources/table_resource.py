@@ -158,3 +158,7 @@ class DeclaredTables:
 
     def __getitem__(self, name: str) -> LsmTableResource:
         return self._resources[name]
+
+    def get(self, name: str) -> LsmTableResource | None:
+        """The resource of the table ``name``, or ``None`` if no such table is declared."""
+        return self._resources.get(name)

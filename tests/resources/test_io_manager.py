@@ -1,15 +1,17 @@
-"""``LsmTableIOManager`` loads the merged view into downstream assets by annotation."""
+"""``LsmTableIOManager`` loads the merged view (or its changes) of the upstream asset's table into downstream assets."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pyarrow as pa
 import pytest
-from dagster import AssetIn, MaterializeResult, asset, materialize
+from dagster import AssetIn, AssetKey, AssetSpec, MaterializeResult, asset, instance_for_test, materialize
 from pyspark.sql import DataFrame as SparkDataFrame
 
-from resources.io_manager import LsmTableIOManager
+from resources.declared_table import DeclaredTable
+from resources.io_manager import LsmTableIOManager, TableChanges
 from resources.spark import SparkResource
+from resources.table_resource import DeclaredTables, LsmTableResource
 from tests.helpers import rows_by_key
 
 SEEN: dict[str, object] = {}
@@ -107,3 +109,34 @@ def test_filter_metadata_is_checked_before_any_read(table, filter_text, loaded):
         return
     result = materialize(assets, resources={"io_manager": LsmTableIOManager(uri=table.uri)})
     assert result.success and row_count(result, "as_arrow") == loaded
+
+
+def test_an_asset_of_a_declared_table_reads_that_table(table, tmp_path):
+    """`orders/...` inputs read `orders` (its view and its changes), not the default table at `uri`."""
+    columns = [{"name": f.name, "type": str(f.type)} for f in table.schema]
+    declared = DeclaredTable(name="orders", uri=str(tmp_path / "orders.lance"), columns=columns, primary_key=["id"])
+    orders = LsmTableResource.for_table(declared).open()
+    orders.write(pa.table({"id": pa.array([100, 101], pa.int64()), "name": ["o", "o"], "price": [5.0, 6.0]}))
+    upstream = AssetKey(["orders", "ingested_changes"])
+
+    @asset(ins={"rows": AssetIn(upstream, input_manager_key="lsm_io_manager")})
+    def orders_rows(rows: pa.Table) -> None:
+        SEEN["orders"] = rows
+
+    @asset(ins={"rows": AssetIn(upstream, input_manager_key="lsm_io_manager", metadata={"lsm/read": "changes"})})
+    def orders_changes(rows: TableChanges) -> MaterializeResult:
+        SEEN["orders_changes"] = rows
+        return MaterializeResult(metadata=rows.cursor_metadata())
+
+    resources = {"lsm_io_manager": LsmTableIOManager(uri=table.uri, tables=DeclaredTables([declared]))}
+    assets = [AssetSpec(upstream), orders_rows, orders_changes]
+    with instance_for_test() as instance:
+        assert materialize(assets, resources=resources, instance=instance).success
+        assert rows_by_key(SEEN["orders"]) == rows_by_key(orders.read())
+        orders.write(pa.table({"id": pa.array([101], pa.int64()), "_op": ["delete"]}))
+        assert materialize(assets, resources=resources, instance=instance).success
+    changes = SEEN["orders_changes"]
+    assert changes.since is not None and changes.rows.to_pylist() == [
+        {"id": 101, "name": None, "price": None, "_op": "delete"}
+    ]
+    assert changes.previous()["id"].to_pylist() == [101]
