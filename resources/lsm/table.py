@@ -38,7 +38,7 @@ from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
 from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
-from .read import merged_read, vector_search
+from .read import change_feed, merged_read, vector_search
 from .read.filter_text import checked_filter
 from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
 from .write.shard_writers import ShardWriteCount, ShardWriters, WriteResult, for_each_shard
@@ -601,27 +601,26 @@ class LsmTable:
     def changes(self, since: TableVersion | str, until: TableVersion | str | None = None) -> pa.RecordBatchReader:
         """The net change per key from version ``since`` to ``until`` (default: now), streamed.
 
-        Each changed key appears once: ``_op`` ``'upsert'`` with its newest
-        values, or ``'delete'`` with its key (other columns null) if it was
-        live at ``since`` and is not at ``until``. A key changed and changed
-        back, or written and deleted in between, does not appear. The cost
-        follows the change: only the keys written after ``since`` are read
-        (from the generations flushed since and the WAL), then looked up at
-        both versions; the base is never scanned.
+        Each key written in between appears once, with its state at
+        ``until``: ``_op`` ``'upsert'`` with its newest values, or
+        ``'delete'`` with its key (other columns null) if it was live at
+        ``since``. A key inserted and deleted in between does not appear; a
+        key written again with the values it had appears as an upsert. The
+        cost follows the change: the WAL entries written between the two
+        versions are read, and the deleted keys looked up at ``since``; the
+        base is never scanned (see :mod:`resources.lsm.read.change_feed`).
 
         Raises
         ------
         VersionNotRetainedError
             If either version is older than garbage collection keeps.
         """
-        from .read.change_feed import changes
-
         start = TableVersion.parse(since)
         end = self.version() if until is None else TableVersion.parse(until)
-        return changes(self.handle, start, end)
+        return change_feed.changes(self.handle, start, end)
 
     def count(self, fresh: bool = True, filter: str | None = None, as_of: TableVersion | str | None = None) -> int:
-        """Number of live keys in the merged view matching ``filter`` (``fresh`` as for :meth:`read`).
+        """Number of live keys in the merged view matching ``filter`` (``fresh``, ``as_of`` as for :meth:`scanner`).
 
         Without a filter the count comes from the base's row count and the
         pending changes (:func:`~resources.lsm.read.merged_read.count`): its
