@@ -100,7 +100,7 @@ from ..format.schema import empty_tail, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import StorageOptions, TableStorage
 from ..format.version import TableVersion
-from ..handle import TableHandle
+from ..handle import TableHandle, absolute_uri
 from ..read.change_feed import change_schema
 from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
 from ..read.pending_run import PendingRuns
@@ -298,7 +298,7 @@ class ChangesReader(DataSourceReader):
         until: TableVersion | None,
         storage_options: StorageOptions | None = None,
     ) -> None:
-        self.uri, self.storage_options = uri, storage_options
+        self.uri, self.storage_options = absolute_uri(uri), storage_options  # tasks may run in another directory
         self.since, self.until = since, until
         self.columns = schema.fieldNames()
         self.output_schema = to_arrow_schema(schema, timezone="UTC")
