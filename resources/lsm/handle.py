@@ -28,7 +28,7 @@ from .format.layout import generation_dir
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, empty_tail
-from .format.shard_manifest import list_wal_entries
+from .format.shard_manifest import wal_entries_present
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .format.version import ShardPosition, TableVersion
@@ -264,9 +264,7 @@ class TableHandle:
 
     def _check_retained(self, version: TableVersion, state: ShardState) -> None:
         """Raise :class:`VersionNotRetainedError` if a file ``state`` (read at ``version``) lists is gone."""
-        entries = list_wal_entries(self.storage, state.shard_id, after=state.replay_after_wal_position)
-        listed = sum(1 for e in entries if e.position <= state.wal_position)
-        if listed < state.wal_position - state.replay_after_wal_position:  # entries are numbered without gaps
+        if not wal_entries_present(self.storage, state.shard_id, state.replay_after_wal_position, state.wal_position):
             raise VersionNotRetainedError(version, f"WAL entries of shard {state.bucket} were removed")
         for generation, directory in state.pending_generations:
             if not self.storage.exists(generation_dir(state.shard_id, directory)):

@@ -144,6 +144,15 @@ def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> l
     return sorted(entries, key=lambda e: e.position)
 
 
+def wal_entries_present(storage: TableStorage, shard_id: str, after: int, up_to: int) -> bool:
+    """Whether every WAL entry of a shard after position ``after`` up to ``up_to`` is still on storage.
+
+    Positions are numbered without gaps, so a count of the listed entries tells.
+    """
+    listed = list_wal_entries(storage, shard_id, after=after)
+    return sum(1 for e in listed if e.position <= up_to) >= up_to - after
+
+
 def _wal_position(name: str) -> int:
     """The position a WAL file name holds; -1 for any other file (a stray file never breaks a read)."""
     match = _WAL_ENTRY.match(name)

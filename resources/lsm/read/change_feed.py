@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from ..errors import VersionNotRetainedError
 from ..format.schema import OP_COLUMN, TOMBSTONE_COLUMN
-from ..format.shard_manifest import list_wal_entries
+from ..format.shard_manifest import wal_entries_present
 from ..format.shard_state import ShardState
 from ..format.version import TableVersion
 from ..handle import TableHandle
@@ -78,12 +78,8 @@ def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
 
 
 def _check_written_entries(handle: TableHandle, since: TableVersion, old: ShardState, new: ShardState) -> None:
-    """Raise :class:`VersionNotRetainedError` unless every WAL entry after ``old``'s position up to ``new``'s is there.
-
-    WAL positions have no gaps, so counting them tells.
-    """
-    present = list_wal_entries(handle.storage, new.shard_id, after=old.wal_position)
-    if sum(1 for e in present if e.position <= new.wal_position) < new.wal_position - old.wal_position:
+    """Raise :class:`VersionNotRetainedError` unless the WAL entries written from ``old`` to ``new`` are all there."""
+    if not wal_entries_present(handle.storage, new.shard_id, old.wal_position, new.wal_position):
         raise VersionNotRetainedError(since, f"WAL entries of shard {new.bucket} were removed")
 
 
