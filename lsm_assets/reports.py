@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import AssetExecutionContext, AssetIn, AssetsDefinition, MaterializeResult, MetadataValue, asset
 
 from resources.declared_table import DeclaredTable
-from resources.io_manager import READ_METADATA, TableChanges
+from resources.io_manager import READ_METADATA, TableChanges, last_materialized_value
 
 from .ingestion import ingested_changes
 from .maintenance import garbage_collected
@@ -58,7 +58,8 @@ def order_totals(context: AssetExecutionContext, orders: TableChanges) -> Materi
     previous rows out of the totals and puts their new ones in."""
     import pyarrow.compute as pc
 
-    totals = {} if orders.since is None else _last_totals(context)
+    recorded = last_materialized_value(context.instance, context.asset_key, TOTALS_METADATA)
+    totals = json.loads(recorded) if orders.since is not None and recorded else {}
     _add_rows(totals, orders.previous(["status", "amount"]), -1)
     _add_rows(totals, orders.rows.filter(pc.equal(orders.rows["_op"], "upsert")), 1)
     totals = {status: entry for status, entry in sorted(totals.items()) if entry[0]}
@@ -75,13 +76,6 @@ def _add_rows(totals: dict[str, list], rows: Any, sign: int) -> None:
         entry = totals.setdefault(status, [0, 0.0])
         entry[0] += sign
         entry[1] += sign * (amount or 0.0)
-
-
-def _last_totals(context: AssetExecutionContext) -> dict[str, list]:
-    """The totals the asset's latest materialization recorded."""
-    event = context.instance.get_latest_materialization_event(context.asset_key)
-    entry = event.asset_materialization.metadata[TOTALS_METADATA] if event and event.asset_materialization else None
-    return json.loads(entry.value) if entry is not None else {}
 
 
 def _table_summary(table: DeclaredTable, collected: AssetsDefinition) -> AssetsDefinition:

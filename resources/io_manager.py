@@ -155,7 +155,8 @@ class LsmTableIOManager(ConfigurableIOManager):
         consumer = context.step_context.assets_def
         if consumer is None:
             raise TypeError(f"{READ_METADATA}='changes' is for inputs of assets (the cursor is the asset's)")
-        since = _cursor(context.instance, consumer.key)
+        cursor = last_materialized_value(context.instance, consumer.key, CHANGES_CURSOR)
+        since = None if cursor is None else str(cursor)
         table = self._open(context)
         until = table.version()
         if since is None:
@@ -185,12 +186,17 @@ def _reads_changes(context: InputContext) -> bool:
     return wanted == "changes" or context.dagster_type.typing_type is TableChanges
 
 
-def _cursor(instance: DagsterInstance, consumer: AssetKey) -> str | None:
-    """The version the consumer's latest materialization read changes up to (``None``: never)."""
-    event = instance.get_latest_materialization_event(consumer)
+def last_materialized_value(instance: DagsterInstance, asset: AssetKey, name: str) -> Any:
+    """Metadata entry ``name`` of ``asset``'s latest materialization (``None``: none, or no such entry).
+
+    What an incremental asset carries from run to run: the change feed's
+    cursor, an aggregate's state. A failed run materializes nothing, so its
+    re-run finds what the last successful one left.
+    """
+    event = instance.get_latest_materialization_event(asset)
     materialization = event.asset_materialization if event else None
-    entry = materialization.metadata.get(CHANGES_CURSOR) if materialization else None
-    return None if entry is None else str(_as_value(entry))
+    entry = materialization.metadata.get(name) if materialization else None
+    return None if entry is None else _as_value(entry)
 
 
 def _kind(annotation: Any) -> str:
