@@ -27,7 +27,7 @@ from .format.compaction_marker import read_compacted_generations
 from .format.layout import generation_dir
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
-from .format.schema import ADDED_COLUMN_METADATA, empty_tail
+from .format.schema import ADDED_COLUMN_METADATA, LAST_WRITE_WINS, empty_tail
 from .format.shard_manifest import wal_entries_present
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
@@ -41,6 +41,7 @@ _T = TypeVar("_T")
 
 CONFIG_PRIMARY_KEY = "lsm.primary_key"
 CONFIG_SHARD_IDS = "lsm.shard_ids"
+CONFIG_MERGE_ENGINE = "lsm.merge_engine"
 
 WRITER_CONFIG_KEYS = frozenset(
     {
@@ -114,6 +115,8 @@ class TableHandle:
         self.shard_ids: tuple[str, ...] = tuple(json.loads(config[CONFIG_SHARD_IDS]))
         self.writer_config: dict[str, str] = dict(details.get("writer_config_defaults") or {})
         """The writer settings recorded at creation, as Lance stores them (strings)."""
+        self.merge_engine: str = config.get(CONFIG_MERGE_ENGINE, LAST_WRITE_WINS)
+        """``last-write-wins`` or ``partial-update`` (tables created before the setting: the former)."""
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
         self.runs = PendingRuns(self.storage)
         self.pending_cache = PendingGenerations()

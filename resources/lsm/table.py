@@ -23,16 +23,29 @@ from .errors import InvalidChangesError
 from .format.routing import shard_ids_for
 from .format.schema import (
     ADDED_COLUMN_METADATA,
+    CHANGE_COLUMN_TYPES,
     CHANGE_COLUMNS,
     INTERNAL_COLUMNS,
+    LAST_WRITE_WINS,
+    MERGE_ENGINES,
     OP_COLUMN,
+    PARTIAL_UPDATE,
     SEQ_COLUMN,
+    UNSET_COLUMN,
     with_primary_key,
 )
 from .format.shard_state import ShardState
 from .format.storage import StorageOptions, TableStorage
 from .format.version import TableVersion
-from .handle import CONFIG_PRIMARY_KEY, CONFIG_SHARD_IDS, WRITER_CONFIG_KEYS, TableHandle, absolute_uri, added_columns
+from .handle import (
+    CONFIG_MERGE_ENGINE,
+    CONFIG_PRIMARY_KEY,
+    CONFIG_SHARD_IDS,
+    WRITER_CONFIG_KEYS,
+    TableHandle,
+    absolute_uri,
+    added_columns,
+)
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
@@ -40,7 +53,7 @@ from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import change_feed, merged_read, vector_search
 from .read.filter_text import checked_filter
-from .write.changes import ChangeData, resolve_changes, resolve_ordered_changes, to_arrow, validate_changes
+from .write.changes import ChangeData, ChangeRules, resolve_changes, resolve_ordered_changes, to_arrow
 from .write.shard_writers import ShardWriteCount, ShardWriters, WriteResult, for_each_shard
 
 if TYPE_CHECKING:
@@ -89,6 +102,7 @@ class LsmTable:
         storage_options: dict[str, str] | None = None,
         vector_index: vector_search.VectorIndex | None = None,
         fts_column: str | None = None,
+        merge_engine: str = LAST_WRITE_WINS,
         **writer_config: Any,
     ) -> LsmTable:
         """Create an empty LSM table.
@@ -106,10 +120,18 @@ class LsmTable:
         rows, not generations or WAL), as pylance has no MemWAL text-search
         planner. See :mod:`resources.lsm.read.vector_search`.
 
+        ``merge_engine`` says what an upsert does to the row it replaces:
+        ``"last-write-wins"`` replaces it whole (an upsert must give every
+        column); ``"partial-update"`` sets only the columns the upsert gives
+        and keeps the others (see :meth:`write`). A partial-update table needs
+        nullable non-key columns (a new key's unset columns are null) and
+        durable writes (a partial upsert reads the acknowledged row it updates).
+
         Raises
         ------
         ValueError
-            For an invalid key, shard count, bucket column, writer setting or index.
+            For an invalid key, shard count, bucket column, writer setting,
+            index or merge engine.
         OSError
             If a dataset already exists at ``uri``; ``FileExistsError`` if ``uri``
             is a non-empty folder that is not a table (nothing is written there).
@@ -124,6 +146,7 @@ class LsmTable:
         if bucket_column not in primary_key:
             raise ValueError(f"bucket_column {bucket_column!r} must be a primary-key column")
         vector_search.validate_search_indexes(keyed, vector_index, fts_column)
+        _check_merge_engine(merge_engine, keyed, primary_key, {**DEFAULT_WRITER_CONFIG, **writer_config})
 
         uri = absolute_uri(uri)
         _refuse_foreign_folder(uri, storage_options)
@@ -137,6 +160,7 @@ class LsmTable:
             {
                 CONFIG_PRIMARY_KEY: json.dumps(primary_key),
                 CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
+                **({CONFIG_MERGE_ENGINE: merge_engine} if merge_engine != LAST_WRITE_WINS else {}),
                 **search_config,
             }
         )
@@ -178,6 +202,11 @@ class LsmTable:
         return len(self.handle.shard_ids)
 
     @property
+    def merge_engine(self) -> str:
+        """``"last-write-wins"`` or ``"partial-update"``, as set at :meth:`create`."""
+        return self.handle.merge_engine
+
+    @property
     def writer_config(self) -> dict[str, str]:
         """The writer settings recorded at creation (as Lance stores them: strings)."""
         return self.handle.writer_config
@@ -201,6 +230,14 @@ class LsmTable:
         ties). A delete needs only the key columns; deleting a missing key is
         a no-op. Shards are written in parallel.
 
+        In a ``partial-update`` table an upsert may leave out non-key columns:
+        a column ``data`` lacks, or one its optional ``_unset`` column names
+        for that row (a list of names, or comma-separated names), is not set,
+        and the key keeps its current value there (null for a new key). An
+        explicit null is a value. Per column, the highest ``_seq`` that sets
+        it wins; a delete clears the row, so a later upsert in the same call
+        starts from nulls.
+
         Raises
         ------
         InvalidChangesError
@@ -218,7 +255,7 @@ class LsmTable:
             errors are retried until then). The call may or may not have been
             applied, key by key; it can be repeated.
         """
-        validated = validate_changes(data, self.schema, self.primary_key, optional_columns=self.added_columns)
+        validated = self.change_rules.validate(data)
         if validated.rejections:
             raise InvalidChangesError(validated.rejections, validated.valid.num_rows + len(validated.rejections))
         return self.write_validated(validated.valid)
@@ -228,7 +265,8 @@ class LsmTable:
 
         Skips the second validation pass (a cast and null check per column).
         ``changes`` must be ``ValidatedChanges.valid``-shaped: the table's
-        columns with its types, then ``_op`` (string) and ``_seq`` (int64).
+        columns with its types, then ``_op`` (string) and ``_seq`` (int64),
+        then in a partial-update table ``_unset`` (list of strings).
         Nothing else is checked, so a row that was never validated (a null
         key, an unknown ``_op``) is written as it is.
 
@@ -239,7 +277,7 @@ class LsmTable:
         WriterFencedError
             As for :meth:`write`.
         """
-        self._check_change_columns(changes, "write_validated", (OP_COLUMN, pa.string()), (SEQ_COLUMN, pa.int64()))
+        self._check_change_columns(changes, "write_validated", OP_COLUMN, SEQ_COLUMN)
         resolved = resolve_changes(changes, self.schema, self.primary_key)
         upserts = self.handle.router.split(resolved.upserts)
         deletes = self.handle.router.split(resolved.deletes)
@@ -260,7 +298,8 @@ class LsmTable:
         (:meth:`buckets`) the rows already and put them in order, such as a
         Spark write task that owns the shard: no ``_seq`` sort, no split by
         shard. Per key the last row wins. ``changes`` has the table's columns
-        with its types, then ``_op`` (string); values are not re-validated.
+        with its types, then ``_op`` (string) and, in a partial-update table,
+        ``_unset`` (list of strings); values are not re-validated.
         Every row's bucket is recomputed (Lance's hash of the key columns,
         cheap next to the put), so a row of another shard is refused, never
         written here.
@@ -272,7 +311,7 @@ class LsmTable:
         WriterFencedError
             As for :meth:`write`.
         """
-        self._check_change_columns(changes, "write_shard_ordered", (OP_COLUMN, pa.string()))
+        self._check_change_columns(changes, "write_shard_ordered", OP_COLUMN)
         if np.any(self.handle.router.buckets(changes.select(self.primary_key)) != self.shard_ids.index(shard_id)):
             raise ValueError(f"write_shard_ordered({shard_id!r}) got rows of other shards")
         resolved = resolve_ordered_changes(changes, self.schema, self.primary_key)
@@ -294,6 +333,11 @@ class LsmTable:
         Claiming fences any other writer of those shards.
         """
         self._writers.claim(shard_ids if shard_ids is not None else self.handle.shard_ids)
+
+    @property
+    def change_rules(self) -> ChangeRules:
+        """What :meth:`write` accepts: this object's columns and key, the columns added live, the merge engine."""
+        return ChangeRules(self.schema, self.primary_key, self.added_columns, self.merge_engine == PARTIAL_UPDATE)
 
     @property
     def added_columns(self) -> frozenset[str]:
@@ -659,8 +703,11 @@ class LsmTable:
         ]
         return pa.Table.from_pylist(rows, schema=key_schema)
 
-    def _check_change_columns(self, changes: pa.Table, method: str, *change_columns: tuple[str, pa.DataType]) -> None:
-        expected = [*((f.name, f.type) for f in self.schema), *change_columns]
+    def _check_change_columns(self, changes: pa.Table, method: str, *change_columns: str) -> None:
+        """Raise ``ValueError`` unless ``changes`` has the table's columns, then ``change_columns`` (and ``_unset``)."""
+        if self.merge_engine == PARTIAL_UPDATE:
+            change_columns = (*change_columns, UNSET_COLUMN)
+        expected = [*((f.name, f.type) for f in self.schema), *((c, CHANGE_COLUMN_TYPES[c]) for c in change_columns)]
         if [(f.name, f.type) for f in changes.schema] != expected:
             raise ValueError(f"{method} needs columns {expected}, got {changes.schema}")
 
@@ -674,6 +721,19 @@ def _refuse_foreign_folder(uri: str, storage_options: StorageOptions | None) -> 
         raise FileExistsError(
             f"{uri} is a non-empty folder that is not a table ({shown}); refusing to create one there"
         )
+
+
+def _check_merge_engine(merge_engine: str, schema: pa.Schema, primary_key: list[str], writer: dict[str, Any]) -> None:
+    """Raise ``ValueError`` for an unknown merge engine, or a partial-update table that could not keep its promise."""
+    if merge_engine not in MERGE_ENGINES:
+        raise ValueError(f"merge_engine {merge_engine!r} is not one of {list(MERGE_ENGINES)}")
+    if merge_engine != PARTIAL_UPDATE:
+        return
+    required = [f.name for f in schema if f.name not in primary_key and not f.nullable]
+    if required:
+        raise ValueError(f"partial-update tables need nullable non-key columns (new keys leave them null): {required}")
+    if str(writer.get("durable_write", True)).lower() == "false":
+        raise ValueError("a partial-update table needs durable_write: a partial upsert reads the row it updates")
 
 
 def _check_new_columns(schema: pa.Schema, fields: list[pa.Field]) -> None:

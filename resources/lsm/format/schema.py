@@ -21,6 +21,8 @@ OP_COLUMN = "_op"
 """Optional change column: ``'upsert'`` (default) or ``'delete'``."""
 SEQ_COLUMN = "_seq"
 """Optional change column (int64): within one write the highest value per key wins."""
+UNSET_COLUMN = "_unset"
+"""Optional change column of a partial-update table: the columns a row does not set (list of names)."""
 TOMBSTONE_COLUMN = "_tombstone"
 """Column MemWAL adds to WAL entries and SSTables; ``True`` marks a delete."""
 
@@ -32,7 +34,13 @@ INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", ROW_ADDRESS, "_
 
 UPSERT, DELETE = "upsert", "delete"
 CHANGE_OPS = (UPSERT, DELETE)
-CHANGE_COLUMNS = (OP_COLUMN, SEQ_COLUMN)
+CHANGE_COLUMNS = (OP_COLUMN, SEQ_COLUMN, UNSET_COLUMN)
+CHANGE_COLUMN_TYPES = {OP_COLUMN: pa.string(), SEQ_COLUMN: pa.int64(), UNSET_COLUMN: pa.list_(pa.string())}
+"""The change columns' types once validated."""
+
+LAST_WRITE_WINS, PARTIAL_UPDATE = "last-write-wins", "partial-update"
+MERGE_ENGINES = (LAST_WRITE_WINS, PARTIAL_UPDATE)
+"""How an upsert meets the row it replaces: whole (every column given) or column by column."""
 
 
 def with_primary_key(schema: pa.Schema, primary_key: list[str]) -> pa.Schema:

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from ..errors import Rejection
 from ..format.schema import DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
-from ..write.changes import loose_column
+from ..write.changes import records_table
 
 DEBEZIUM_UPSERT_OPS = frozenset({"c", "r", "u"})
 DEBEZIUM_DELETE_OP = "d"
@@ -128,7 +128,7 @@ class CdcChanges:
     skipped: int = 0
 
 
-def to_changes(rows: pa.Table, fmt: CdcFormat) -> CdcChanges:
+def to_changes(rows: pa.Table, fmt: CdcFormat, unset_absent: bool = False) -> CdcChanges:
     """Map a table of CDC records (one envelope or flat row each) to the change layout.
 
     Guarantees: every input row is either in ``changes`` (in input order),
@@ -137,22 +137,25 @@ def to_changes(rows: pa.Table, fmt: CdcFormat) -> CdcChanges:
     columns (``op``, ``before``, ``after``, ``source``...) or wrapped in a
     ``payload`` or ``value`` column.
     """
-    return records_to_changes(rows.to_pylist(), fmt)
+    return records_to_changes(rows.to_pylist(), fmt, unset_absent)
 
 
-def records_to_changes(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
+def records_to_changes(records: Sequence[object], fmt: CdcFormat, unset_absent: bool = False) -> CdcChanges:
     """:func:`to_changes` for Python records (parsed JSON lines; ``None`` is a tombstone).
 
     A Debezium record or its ``key``/``value`` may also be JSON text (a Kafka
     message read as a string or binary column); text that does not parse
-    rejects its record.
+    rejects its record. With ``unset_absent`` (a partial-update table), a
+    column a change lacks (a field missing from a Debezium ``after``, or from
+    a generic record) is listed in its row's ``_unset``: the upsert leaves
+    that column as it is. Otherwise it is null.
     """
     if fmt.kind == "debezium":
-        return _debezium(records, fmt)
-    return _generic(records, fmt)
+        return _debezium(records, fmt, unset_absent)
+    return _generic(records, fmt, unset_absent)
 
 
-def _debezium(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
+def _debezium(records: Sequence[object], fmt: CdcFormat, unset_absent: bool) -> CdcChanges:
     rows: list[_Record] = []
     numbers: list[int] = []
     orders: list[object] = []
@@ -168,7 +171,7 @@ def _debezium(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
             rows.append(change)
             numbers.append(number)
             orders.append(order)
-    return _assemble(rows, numbers, [(o,) for o in orders], rejections, skipped, fmt.sequence)
+    return _assemble(rows, numbers, [(o,) for o in orders], rejections, skipped, fmt.sequence, unset_absent)
 
 
 def _debezium_change(record: object, order_by: str) -> tuple[_Record | None, object, str | None]:
@@ -231,7 +234,7 @@ def _path(envelope: _Record, dotted: str) -> object:
     return value
 
 
-def _generic(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
+def _generic(records: Sequence[object], fmt: CdcFormat, unset_absent: bool) -> CdcChanges:
     rows: list[_Record] = []
     numbers: list[int] = []
     orders: list[tuple[object, ...]] = []
@@ -248,7 +251,7 @@ def _generic(records: Sequence[object], fmt: CdcFormat) -> CdcChanges:
         rows.append(change)
         numbers.append(number)
         orders.append(order)
-    return _assemble(rows, numbers, orders, rejections, 0, fmt.sequence)
+    return _assemble(rows, numbers, orders, rejections, 0, fmt.sequence, unset_absent)
 
 
 def _generic_change(record: object, fmt: CdcFormat) -> tuple[_Record | None, str | None]:
@@ -273,10 +276,12 @@ def _assemble(
     rejections: list[Rejection],
     skipped: int,
     sequence: str,
+    unset_absent: bool,
 ) -> CdcChanges:
     """The changes table, ``_seq`` being each row's rank by ordering value (record order on ties) or the value."""
     columns = list(dict.fromkeys(name for row in rows for name in row if name != OP_COLUMN))
-    table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
+    changes = [{k: v for k, v in row.items() if k != OP_COLUMN} for row in rows]
+    table = records_table(changes, columns, unset_absent)
     table = table.append_column(OP_COLUMN, pa.array([row[OP_COLUMN] for row in rows], pa.string()))
     sequenced = _ranks if sequence == "rank" else _values
     table = table.append_column(SEQ_COLUMN, pa.array(sequenced(orders, rejections, numbers), pa.int64()))

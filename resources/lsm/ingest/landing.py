@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from ..errors import Rejection
 from ..format.layout import ARCHIVE_DIR, LEDGER_DIR
 from ..format.storage import StorageOptions, TableStorage
-from ..write.changes import loose_column
+from ..write.changes import records_table
 from .cdc import CdcFormat, records_to_changes, to_changes
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".ndjson": "json", ".json": "json", ".csv": "csv"}
@@ -221,7 +221,12 @@ class LandingLocation:
         return tail.endswith(b"\n") or age_seconds >= settle_seconds
 
     def read(
-        self, name: str, csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS, cdc: CdcFormat | None = None
+        self,
+        name: str,
+        csv_null_markers: NullMarkers = DEFAULT_CSV_NULL_MARKERS,
+        cdc: CdcFormat | None = None,
+        *,
+        unset_absent: bool = False,
     ) -> LandingRows:
         """Read the landing file ``name`` as-is (values are cast and validated later).
 
@@ -232,7 +237,9 @@ class LandingLocation:
         with its text. With ``cdc``, the file holds CDC records, returned
         mapped to the change layout (:func:`.cdc.records_to_changes`); a
         malformed record is a rejection too, and in JSON Lines a ``null``
-        line is a tombstone, not a bad line.
+        line is a tombstone, not a bad line. With ``unset_absent`` (a
+        partial-update table), a field a JSON record (or a CDC record's
+        ``after``) lacks is listed in the row's ``_unset``, not read as null.
 
         Raises
         ------
@@ -246,12 +253,12 @@ class LandingLocation:
         try:
             data = self.storage.read_buffer(name)
             if kind == "json":
-                return _read_json_lines(data, name, cdc)
+                return _read_json_lines(data, name, cdc, unset_absent)
             if kind == "parquet":
                 read = LandingRows(pq.ParquetFile(pa.BufferReader(data)).read(), [])
             else:
                 read = _read_csv(data, csv_null_markers)
-            return read if cdc is None else cdc_rows(read, cdc)
+            return read if cdc is None else cdc_rows(read, cdc, unset_absent)
         except (pa.ArrowInvalid, OSError, UnicodeDecodeError, csv.Error) as exc:
             raise UnreadableFileError(f"{name}: cannot be read as {kind}: {exc}") from exc
 
@@ -380,7 +387,7 @@ def _as_text(value: bytes | None) -> str:
     return "" if value is None else value.decode("utf-8", errors="backslashreplace")
 
 
-def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None = None) -> LandingRows:
+def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None, unset_absent: bool) -> LandingRows:
     records: list[object] = []
     numbers: list[int] = []
     texts: list[bytes] = []
@@ -399,25 +406,33 @@ def _read_json_lines(data: pa.Buffer, name: str, cdc: CdcFormat | None = None) -
     if not records and rejections:
         _refuse_single_document(data, name)
     if cdc is not None:
-        return _cdc_records(records, np.array(numbers, dtype=np.int64), texts, rejections, cdc)
+        return _cdc_records(records, np.array(numbers, dtype=np.int64), texts, rejections, cdc, unset_absent)
     rows = cast("list[dict[str, object]]", records)
-    columns = sorted({k for row in rows for k in row})
-    table = pa.table({c: loose_column([row.get(c) for row in rows]) for c in columns})
+    table = records_table(rows, sorted({k for row in rows for k in row}), unset_absent)
     return LandingRows(table, rejections, np.array(numbers, dtype=np.int64))
 
 
 def _cdc_records(
-    records: list[object], numbers: np.ndarray, texts: list[bytes], rejections: list[Rejection], cdc: CdcFormat
+    records: list[object],
+    numbers: np.ndarray,
+    texts: list[bytes],
+    rejections: list[Rejection],
+    cdc: CdcFormat,
+    unset_absent: bool,
 ) -> LandingRows:
     """Parsed JSON Lines records (file rows ``numbers``, raw ``texts``) as changes, bad envelopes rejected."""
-    mapped = records_to_changes(records, cdc)
+    mapped = records_to_changes(records, cdc, unset_absent)
     bad = [Rejection(int(numbers[r.row]), r.reason, _as_text(texts[r.row]).rstrip("\r\n")) for r in mapped.rejections]
     return LandingRows(mapped.changes, sorted(rejections + bad, key=lambda r: r.row), numbers[mapped.record_numbers])
 
 
-def cdc_rows(read: LandingRows, cdc: CdcFormat) -> LandingRows:
-    """Rows of a Parquet or CSV file of CDC records as changes, bad records rejected with their values."""
-    mapped = to_changes(read.table, cdc)
+def cdc_rows(read: LandingRows, cdc: CdcFormat, unset_absent: bool = False) -> LandingRows:
+    """Rows of a Parquet or CSV file of CDC records as changes, bad records rejected with their values.
+
+    With ``unset_absent``, a field a record lacks (a Debezium ``after`` held as
+    JSON text with only some fields) is listed in its row's ``_unset``.
+    """
+    mapped = to_changes(read.table, cdc, unset_absent)
     records = read.records([r.row for r in mapped.rejections])
     bad = [
         Rejection(read.file_row(r.row), r.reason, record) for r, record in zip(mapped.rejections, records, strict=True)

@@ -13,22 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import pyarrow as pa
-
 from ..errors import InvalidChangesError, Rejection
 from ..format.storage import StorageOptions, TableStorage, join
-from ..write.changes import ValidatedChanges, validate_changes
+from ..write.changes import ChangeRules, ValidatedChanges
 from .landing import LandingRows
 
 
-def validate_rows(
-    read: LandingRows, schema: pa.Schema, primary_key: Sequence[str], optional_columns: frozenset[str]
-) -> ValidatedChanges:
+def validate_rows(read: LandingRows, rules: ChangeRules) -> ValidatedChanges:
     """A file's parsed rows validated for a table; a batch-level problem rejects every row with its reason."""
     try:
-        return validate_changes(
-            read.table, schema, list(primary_key), reject_unknown_columns=True, optional_columns=optional_columns
-        )
+        return rules.validate(read.table, reject_unknown_columns=True)
     except InvalidChangesError as exc:
         if exc.problem is None or not read.table.num_rows:
             raise

@@ -396,8 +396,9 @@ def _stage_one_file(
     the error). Only a platform fault (:func:`_is_platform_fault`) raises.
     """
     try:
-        read = landing.read(name, policy.csv_null_markers, policy.cdc_format(name))
-        validated = validate_rows(read, table.schema, table.primary_key, table.added_columns)
+        rules = table.change_rules
+        read = landing.read(name, policy.csv_null_markers, policy.cdc_format(name), unset_absent=rules.partial_update)
+        validated = validate_rows(read, rules)
         rejected = rejected_rows(name, read, validated.rejections)
         rows = read.table.num_rows + len(read.rejections)
         return rows_by_bucket(table, validated.valid), rejected, (rows, len(rejected), None)

@@ -74,7 +74,6 @@ from ..ingest.cdc import CdcFormat
 from ..ingest.landing import LandingRows, cdc_rows
 from ..ingest.quarantine import Quarantine, quarantine_lines, rejected_rows, validate_rows
 from ..table import LsmTable
-from ..write.changes import validate_changes
 from ..write.shard_writers import ShardWriteCount, for_each_shard
 from .options import storage_options_of
 from .staging import StagedFiles, read_staged
@@ -121,9 +120,7 @@ def write_options(options: Mapping[str, str], schema: StructType, overwrite: boo
         frame = to_arrow_schema(schema).empty_table()
         if lowered.get("auto_evolve", "false").strip().lower() == "true":
             _add_unknown_columns(table, frame.schema)
-        validate_changes(
-            frame, table.schema, table.primary_key, reject_unknown_columns=True, optional_columns=table.added_columns
-        )
+        table.change_rules.validate(frame, reject_unknown_columns=True)
     write_id = lowered.get("write_id")
     if write_id is not None and not _WRITE_ID.match(write_id):
         raise ValueError(f"write_id {write_id!r} must match {_WRITE_ID.pattern}")
@@ -276,8 +273,8 @@ def changes_of_batch(
     """
     read = LandingRows(rows, [], np.arange(first_row, first_row + rows.num_rows, dtype=np.int64))
     if cdc is not None:
-        read = cdc_rows(read, cdc)
-    validated = validate_rows(read, table.schema, table.primary_key, table.added_columns)
+        read = cdc_rows(read, cdc, table.change_rules.partial_update)
+    validated = validate_rows(read, table.change_rules)
     return validated.valid, rejected_rows(source, read, validated.rejections)
 
 

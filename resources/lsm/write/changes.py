@@ -11,7 +11,7 @@ upserts from deletes.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidChangesError, Rejection
-from ..format.schema import CHANGE_COLUMNS, CHANGE_OPS, DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
+from ..format.schema import CHANGE_COLUMNS, CHANGE_OPS, DELETE, OP_COLUMN, SEQ_COLUMN, UNSET_COLUMN, UPSERT
 from ..read.dedup import last_per_key
+from .partial import fold_changes
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,7 +43,9 @@ class ValidatedChanges:
     """Rows that passed validation, cast to the table schema, plus rejections.
 
     ``valid`` keeps the input order and carries ``_op`` (string) and ``_seq``
-    (int64; 0 when the input had none, so the later row wins) columns.
+    (int64; 0 when the input had none, so the later row wins) columns; for a
+    partial-update table also ``_unset`` (list of the non-key columns the row
+    does not set).
     """
 
     valid: pa.Table
@@ -51,10 +54,35 @@ class ValidatedChanges:
 
 @dataclass(frozen=True)
 class ResolvedChanges:
-    """The winning change per key: full rows to upsert, key rows to delete."""
+    """The winning change per key: rows to upsert, key rows to delete.
+
+    In a partial-update table the upserts carry ``_unset``: the columns to
+    read from the key's current row before the put.
+    """
 
     upserts: pa.Table
     deletes: pa.Table
+
+
+@dataclass(frozen=True)
+class ChangeRules:
+    """What a table accepts as changes: its columns and key, the columns added live, its merge engine."""
+
+    schema: pa.Schema
+    primary_key: list[str]
+    optional_columns: frozenset[str] = frozenset()
+    partial_update: bool = False
+
+    def validate(self, data: ChangeData, *, reject_unknown_columns: bool = False) -> ValidatedChanges:
+        """:func:`validate_changes` under these rules."""
+        return validate_changes(
+            data,
+            self.schema,
+            self.primary_key,
+            reject_unknown_columns=reject_unknown_columns,
+            optional_columns=self.optional_columns,
+            partial_update=self.partial_update,
+        )
 
 
 def to_arrow(data: ChangeData) -> pa.Table:
@@ -92,6 +120,25 @@ def loose_column(values: list[object]) -> pa.Array:
         return pa.array([None if v is None else v if isinstance(v, str) else _as_json(v) for v in values], pa.string())
 
 
+def records_table(records: Sequence[Mapping[str, object]], columns: list[str], unset_absent: bool = False) -> pa.Table:
+    """Records as a table of ``columns`` (types inferred, see :func:`loose_column`).
+
+    A field a record lacks is null; with ``unset_absent`` (a partial-update
+    table) it is listed in the row's ``_unset`` instead (with any names the
+    record's own ``_unset`` gives), so that the row leaves that column as it is.
+    """
+    table = pa.table({c: loose_column([r.get(c) for r in records]) for c in columns if c != UNSET_COLUMN})
+    settable = [c for c in columns if c not in CHANGE_COLUMNS]
+    if not unset_absent or all(len(r) >= len(columns) for r in records):
+        return table if UNSET_COLUMN not in columns else table.append_column(UNSET_COLUMN, _given_unset(records))
+    unset = [[*_unset_names(r.get(UNSET_COLUMN)), *(c for c in settable if c not in r)] for r in records]
+    return table.append_column(UNSET_COLUMN, pa.array(unset, pa.list_(pa.string())))
+
+
+def _given_unset(records: Sequence[Mapping[str, object]]) -> pa.Array:
+    return pa.array([_unset_names(r.get(UNSET_COLUMN)) for r in records], pa.list_(pa.string()))
+
+
 def _as_json(value: object) -> str:
     return json.dumps(value, default=str)
 
@@ -119,6 +166,7 @@ def validate_changes(
     *,
     reject_unknown_columns: bool = False,
     optional_columns: Collection[str] = (),
+    partial_update: bool = False,
 ) -> ValidatedChanges:
     """Check every row of ``data`` against ``schema`` and the change-column rules.
 
@@ -128,10 +176,14 @@ def validate_changes(
     with ``reject_unknown_columns``, reject the rows that hold a value in them
     (a landing file must not lose data silently).
 
-    An upsert missing a non-key column is rejected (partial updates are not
-    supported: the column would be set to null), unless the column is in
-    ``optional_columns`` (columns added to a live table: writers that predate
-    them write null). Booleans are never accepted as numbers; NaN stays NaN.
+    An upsert missing a non-key column is rejected (the column would be set
+    to null), unless the column is in ``optional_columns`` (columns added to
+    a live table: writers that predate them write null), or unless
+    ``partial_update`` (the table's merge engine is ``partial-update``): then
+    a missing column, and every column a row's ``_unset`` names (a list of
+    names, or one string of comma-separated names), is not set by that row.
+    A row of a last-write-wins table whose ``_unset`` names a column is
+    rejected. Booleans are never accepted as numbers; NaN stays NaN.
 
     Raises
     ------
@@ -157,14 +209,17 @@ def validate_changes(
             reasons.setdefault(int(row), f"unknown column {name!r} holds {table[name][int(row)].as_py()!r}")
     ops = _ops_column(table, reasons)
     seqs = _seq_column(table, reasons)
+    unset = _unset_column(table, schema, primary_key, partial_update, reasons)
     is_delete = pc.fill_null(pc.equal(ops, DELETE), False)
     columns = {}
     for target in schema:
-        optional = target.name in optional_columns
+        optional = partial_update or target.name in optional_columns
         required = pa.array(np.zeros(table.num_rows, dtype=bool)) if optional else pc.invert(is_delete)
         columns[target.name] = _cast_column(table, target, primary_key, is_delete, required, reasons)
     columns[OP_COLUMN] = ops
     columns[SEQ_COLUMN] = seqs
+    if partial_update:
+        columns[UNSET_COLUMN] = unset
     normalized = pa.table(columns)
 
     rejections = [Rejection(row, reason) for row, reason in sorted(reasons.items())]
@@ -191,7 +246,11 @@ def resolve_ordered_changes(ordered: pa.Table, schema: pa.Schema, primary_key: l
 
     ``ordered`` has the table's columns and ``_op``; any ``_seq`` is ignored.
     Deletes of keys that do not exist are kept; applying them is a no-op.
+    Rows of a partial-update table (with ``_unset``) are folded per column
+    instead (:func:`~resources.lsm.write.partial.fold_changes`).
     """
+    if UNSET_COLUMN in ordered.column_names:
+        return ResolvedChanges(*fold_changes(ordered, schema, primary_key))
     winners = last_per_key(ordered, primary_key)
     is_delete = pc.equal(ordered[OP_COLUMN], DELETE).to_numpy(zero_copy_only=False)
     # Each side is copied out once, and only with the columns it keeps.
@@ -218,6 +277,44 @@ def _seq_column(table: pa.Table, reasons: dict[int, str]) -> pa.Array:
     for row in np.flatnonzero(cast.is_null().to_numpy(zero_copy_only=False)):
         reasons.setdefault(int(row), "_seq is null")
     return cast
+
+
+def _unset_column(
+    table: pa.Table, schema: pa.Schema, primary_key: list[str], partial_update: bool, reasons: dict[int, str]
+) -> pa.Array:
+    """Each row's unset columns: those the batch lacks, plus those its ``_unset`` names (partial-update tables).
+
+    A name that is no non-key column rejects its row; so does any name in a
+    last-write-wins table, which has no partial updates.
+    """
+    missing = [f.name for f in schema if f.name not in table.column_names and f.name not in primary_key]
+    if UNSET_COLUMN not in table.column_names:
+        offsets = np.arange(table.num_rows + 1, dtype=np.int32) * len(missing)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(missing * table.num_rows, pa.string()))
+    settable = {f.name for f in schema if f.name not in primary_key}
+    rows = []
+    for row, listed in enumerate(table[UNSET_COLUMN].to_pylist()):
+        names = _unset_names(listed)
+        bad = [n for n in names if n not in settable]
+        if bad:
+            reasons.setdefault(row, f"_unset names {bad}, which are not non-key columns of the table")
+        elif names and not partial_update:
+            reasons.setdefault(
+                row, f"_unset names {names}, but the table's merge engine is last-write-wins (no partial updates)"
+            )
+        rows.append(list(dict.fromkeys([*missing, *names])))
+    return pa.array(rows, pa.list_(pa.string()))
+
+
+def _unset_names(listed: object) -> list[str]:
+    """``_unset`` as given: a list of names, a string of comma-separated names, or null."""
+    if listed is None:
+        return []
+    if isinstance(listed, str):
+        return [n.strip() for n in listed.split(",") if n.strip()]
+    if isinstance(listed, list):
+        return [str(n) for n in listed if n is not None]
+    return [str(listed)]
 
 
 def _cast_column(

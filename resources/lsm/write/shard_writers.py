@@ -23,8 +23,9 @@ from lance.mem_wal import ShardWriter
 
 from ..errors import StorageUnavailableError, WriterFencedError
 from ..format.retry import bounded, is_transient
-from ..format.schema import conform
+from ..format.schema import UNSET_COLUMN, conform
 from ..handle import TableHandle
+from .partial import complete_upserts
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ class ShardWriters:
         self._writers: dict[str, ShardWriter] = {}
         # The base schema each writer was opened on: Lance binds a writer to it.
         self._schemas: dict[str, pa.Schema] = {}
+        # One put at a time per shard in this process: a partial update reads the current row, then puts.
+        self._put_locks = {shard_id: threading.Lock() for shard_id in handle.shard_ids}
 
     @property
     def open_shards(self) -> list[str]:
@@ -134,6 +137,10 @@ class ShardWriters:
     def put(self, shard_id: str, upserts: pa.Table | None, deletes: pa.Table | None) -> ShardWriteCount:
         """Put upserts, then delete keys (at most one change per key), in slices a MemTable accepts.
 
+        Upserts of a partial-update table (with ``_unset``) are completed from
+        the shard's current rows once its writer is open (a claim replays
+        every acknowledged write first), on every attempt again.
+
         After a transient store error the writer is dropped, whatever the
         failed attempt may have logged is flushed (a new writer replays the
         WAL, then closes), and everything is put again through a fresh writer:
@@ -147,6 +154,8 @@ class ShardWriters:
                 return  # given up on while opening: never registered, so it cannot fence a later attempt's
             self._writers[shard_id] = writer
             rows = upserts
+            if rows is not None and UNSET_COLUMN in rows.column_names:
+                rows = complete_upserts(self._handle, shard_id, rows)
             if rows is not None and rows.schema.names != self._schemas[shard_id].names:
                 # Columns were added since these rows were validated: the writer wants them (null).
                 rows = conform(rows, self._schemas[shard_id])
@@ -165,7 +174,8 @@ class ShardWriters:
 
         operation = f"write shard {shard_id}"
         try:
-            self._handle.retrying(lambda: self._bounded(put, operation), operation, before_retry=start_afresh)
+            with self._put_locks[shard_id]:
+                self._handle.retrying(lambda: self._bounded(put, operation), operation, before_retry=start_afresh)
         except StorageUnavailableError:
             self._writers.pop(shard_id, None)  # possibly stuck in the outage: the next write claims anew
             raise
