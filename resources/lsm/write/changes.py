@@ -123,11 +123,14 @@ def loose_column(values: list[object]) -> pa.Array:
 def records_table(records: Sequence[Mapping[str, object]], columns: list[str], unset_absent: bool = False) -> pa.Table:
     """Records as a table of ``columns`` (types inferred, see :func:`loose_column`).
 
-    A field a record lacks is null; with ``unset_absent`` (a partial-update
+    A field a record lacks is null (``_op``: an upsert); with ``unset_absent`` (a partial-update
     table) it is listed in the row's ``_unset`` instead (with any names the
     record's own ``_unset`` gives), so that the row leaves that column as it is.
     """
-    table = pa.table({c: loose_column([r.get(c) for r in records]) for c in columns if c != UNSET_COLUMN})
+    defaults: dict[str, object] = {OP_COLUMN: UPSERT}  # a record without ``_op`` is an upsert, as a batch without it
+    table = pa.table(
+        {c: loose_column([r.get(c, defaults.get(c)) for r in records]) for c in columns if c != UNSET_COLUMN}
+    )
     settable = [c for c in columns if c not in CHANGE_COLUMNS]
     if not unset_absent or all(len(r) >= len(columns) for r in records):
         return table if UNSET_COLUMN not in columns else table.append_column(UNSET_COLUMN, _given_unset(records))
