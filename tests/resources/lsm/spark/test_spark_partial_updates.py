@@ -1,4 +1,4 @@
-"""Partial updates through Spark: landing files (JSON, CSV, Debezium), the DataFrame writer, the streaming sink and the source."""
+"""Partial updates through Spark: landing files (JSON, CSV, Debezium), the DataFrame writer, the sink, the source."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def test_the_dataframe_writer_sets_the_columns_the_frame_has(spark, make_table):
     table = seeded(make_table)
     frame = spark.createDataFrame([(1, 100), (7, 700)], "id long, qty long")
     frame.write.format("lance_lsm").mode("append").save(table.uri)
-    unset = spark.createDataFrame([(2, "two", 2.5, ["price"])], "id long, name string, price double, _unset array<string>")
+    columns = "id long, name string, price double, _unset array<string>"
+    unset = spark.createDataFrame([(2, "two", 2.5, ["price"])], columns)
     unset.write.format("lance_lsm").mode("append").save(table.uri)
 
     assert view(table) == {

@@ -57,7 +57,7 @@ def random_changes(rng: random.Random, keys: int, count: int) -> list[dict]:
 def as_batch(changes: list[dict], rng: random.Random) -> pa.Table:
     """The changes as Arrow: absent fields listed in ``_unset`` (holding junk values that must be ignored);
     a column no change gives is sometimes left out of the batch altogether."""
-    columns = {"id": [c["id"] for c in changes], "_op": [c["_op"] for c in changes], "_seq": [c["_seq"] for c in changes]}
+    columns = {name: [c[name] for c in changes] for name in ("id", "_op", "_seq")}
     unset = [[v for v in VALUES if c.get(v, ABSENT) is ABSENT] for c in changes]
     for name in VALUES:
         if all(c.get(name, ABSENT) is ABSENT for c in changes) and rng.random() < 0.5:
