@@ -47,7 +47,7 @@ LandingRetention = Literal["archive", "delete", "keep"]
 ChangedFiles = Literal["skip", "ingest"]
 CdcKind = Literal["debezium", "generic"]
 BackpressureMode = Literal["wait", "fail"]
-MergeEngine = Literal["last-write-wins"]
+MergeEngine = Literal["last-write-wins", "partial-update"]
 LANDING_FORMATS = ("parquet", "jsonl", "csv")
 
 
@@ -165,7 +165,10 @@ class DeclaredTable(_Section):
     columns: list[ColumnDeclaration] = Field(description="The table's columns, in order.")
     primary_key: list[str] = Field(description="Key columns (one or more).")
     shards: int | None = Field(default=None, description="Shards of a new table (default: env LSM_NUM_SHARDS, 4).")
-    merge_engine: MergeEngine = Field(default="last-write-wins", description="How a new row combines with the old.")
+    merge_engine: MergeEngine = Field(
+        default="last-write-wins",
+        description="last-write-wins: an upsert replaces the row; partial-update: it sets only the columns it gives.",
+    )
     vector_index: VectorIndexDeclaration | None = Field(default=None, description="An IVF-PQ vector index.")
     evolve: bool = Field(
         default=False, description="Add nullable columns declared later to the existing table (else: refuse)."
@@ -207,6 +210,9 @@ class DeclaredTable(_Section):
                 check_type_name(column.type)
             except ValueError as error:
                 raise ValueError(f"columns: column {column.name!r}: {error}") from None
+        required = [c.name for c in self.columns if not c.nullable and c.name not in self.primary_key]
+        if self.merge_engine == "partial-update" and required:
+            raise ValueError(f"merge_engine: partial-update needs nullable non-key columns; {required} are not")
         return self
 
     # ------------------------------------------------------------ the default table

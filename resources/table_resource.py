@@ -70,8 +70,8 @@ class LsmTableResource(ConfigurableResource):
         """Open the table; create it from its declaration only if it is missing and creation is allowed.
 
         A declared table (``conform``) must match its declaration: the same
-        key, the same type for every declared column, no column the
-        declaration dropped. Declared nullable columns the table lacks are
+        key and merge engine, the same type for every declared column, no
+        column the declaration dropped. Declared nullable columns the table lacks are
         added when the declaration opts in (``evolve``).
 
         Raises
@@ -109,6 +109,7 @@ class LsmTableResource(ConfigurableResource):
             num_shards=self.num_shards,
             storage_options=self.storage_options,
             vector_index=_vector_index(declared),
+            merge_engine=declared.merge_engine,
         )
 
     @staticmethod
@@ -118,6 +119,8 @@ class LsmTableResource(ConfigurableResource):
 
         comparison = compare(_schema(declared), declared.primary_key, table.schema, table.primary_key)
         problems = list(comparison.conflicts)
+        if table.merge_engine != declared.merge_engine:
+            problems.append(f"merge_engine is {table.merge_engine!r} in the table, {declared.merge_engine!r} declared")
         if comparison.added and not declared.evolve:
             names = [f.name for f in comparison.added]
             problems.append(f"columns {names} are declared but not in the table (set evolve: true to add them)")

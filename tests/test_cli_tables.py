@@ -32,6 +32,7 @@ attributes:
     - {name: line, type: int32}
     - {name: quantity, type: int32}
   primary_key: [order_id, line]
+  merge_engine: partial-update
   landing: {cdc: [{kind: debezium, order_by: source.lsn}]}
   demo: {format: debezium, num_keys: 300, num_batches: 2, batch_size: 200}
 """

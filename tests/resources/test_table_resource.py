@@ -106,3 +106,27 @@ def test_the_default_table_keeps_its_own_schema(tmp_path, monkeypatch):
     """The environment's table is not checked against the default columns: an existing table is served as it is."""
     existing = LsmTable.create(str(tmp_path / "items.lance"), pa.schema([("sku", pa.string())]), ["sku"], num_shards=1)
     assert LsmTableResource(uri=existing.uri).open().primary_key == ["sku"]
+
+
+def _nullable_orders(tmp_path, **changes) -> DeclaredTable:
+    columns = [{**c.model_dump(), "nullable": True} for c in _orders(tmp_path).columns]
+    return _orders(tmp_path, columns=columns, **changes)
+
+
+def test_a_partial_update_declaration_creates_a_partial_update_table(tmp_path):
+    table = LsmTableResource.for_table(_nullable_orders(tmp_path, merge_engine="partial-update")).open()
+    table.write(pa.table({"order_id": [1], "customer": ["a"], "amount": pa.array([5], pa.decimal128(12, 2))}))
+    table.write(pa.table({"order_id": [1], "customer": ["b"]}))  # amount not given: kept
+    assert table.merge_engine == "partial-update"
+    assert table.read().to_pylist() == [{"order_id": 1, "customer": "b", "amount": 5}]
+
+
+def test_a_declared_merge_engine_the_table_does_not_have_fails_before_writing_anything(tmp_path):
+    LsmTableResource.for_table(_nullable_orders(tmp_path)).open().close()
+    with pytest.raises(TableDeclarationError, match="merge_engine is 'last-write-wins' in the table"):
+        LsmTableResource.for_table(_nullable_orders(tmp_path, merge_engine="partial-update")).open()
+
+
+def test_a_partial_update_declaration_with_a_required_column_is_refused_at_load(tmp_path):
+    with pytest.raises(ValueError, match=r"merge_engine: partial-update needs nullable non-key columns; \['customer'\]"):
+        _orders(tmp_path, merge_engine="partial-update")
