@@ -128,5 +128,7 @@ def test_a_declared_merge_engine_the_table_does_not_have_fails_before_writing_an
 
 
 def test_a_partial_update_declaration_with_a_required_column_is_refused_at_load(tmp_path):
-    with pytest.raises(ValueError, match=r"merge_engine: partial-update needs nullable non-key columns; \['customer'\]"):
+    with pytest.raises(
+        ValueError, match=r"merge_engine: partial-update needs nullable non-key columns; \['customer'\]"
+    ):
         _orders(tmp_path, merge_engine="partial-update")

@@ -7,43 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow as pa
-import pytest
 
 from tests.helpers import rows_by_key
-
-REPO = Path(__file__).resolve().parents[4]
-
-
-@pytest.fixture
-def writer_process():
-    """Start ``writer_child`` on a table; SIGKILL it at the end if still alive."""
-    started: list[subprocess.Popen] = []
-
-    def start(uri: str) -> subprocess.Popen:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.resources.lsm.read.writer_child", uri],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-
-
-def acknowledge(process: subprocess.Popen, op: str, first: int, count: int) -> None:
-    process.stdin.write(f"{op} {first} {count}\n")
-    process.stdin.flush()
-    assert process.stdout.readline().strip() == f"ack {first}"
+from tests.resources.lsm.read.writer_child import acknowledge
 
 
 def test_rows_acknowledged_in_another_process_are_read_fresh_and_survive_sigkill(make_table, writer_process):

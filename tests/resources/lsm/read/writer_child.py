@@ -2,6 +2,8 @@
 
     python -m tests.resources.lsm.read.writer_child <table uri>
 
+(started by the ``writer_process`` fixture; :func:`acknowledge` sends a line and waits for its ack.)
+
 For every line ``<op> <first key> <count>`` read from stdin it upserts
 (``name`` = ``"child"``) or deletes those keys and prints ``ack <first key>``
 once the write is durable. It never closes its writers, so nothing is flushed: acknowledged rows
@@ -10,6 +12,7 @@ live only in the WAL until another process replays it.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pyarrow as pa
@@ -33,6 +36,12 @@ def main(uri: str) -> None:
             )
         )
         print(f"ack {first}", flush=True)
+
+
+def acknowledge(process: subprocess.Popen, op: str, first: int, count: int) -> None:
+    process.stdin.write(f"{op} {first} {count}\n")
+    process.stdin.flush()
+    assert process.stdout.readline().strip() == f"ack {first}"
 
 
 if __name__ == "__main__":

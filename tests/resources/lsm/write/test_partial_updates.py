@@ -11,6 +11,7 @@ from resources.lsm import InvalidChangesError, LsmTable
 from resources.lsm.format.schema import UNSET_COLUMN
 from resources.lsm.write.changes import resolve_changes, validate_changes
 from tests.helpers import rows_by_key
+from tests.resources.lsm.read.writer_child import acknowledge
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("qty", pa.int64()), ("price", pa.float64())])
 VALUES = ["name", "qty", "price"]
@@ -199,3 +200,24 @@ def test_create_refuses_a_merge_engine_it_cannot_honour(tmp_path, schema, settin
 def test_the_merge_engine_survives_reopening(make_table):
     table = make_table(SCHEMA, merge_engine="partial-update")
     assert LsmTable.open(table.uri).merge_engine == "partial-update"
+
+
+def test_a_partial_update_after_a_sigkilled_writer_completes_from_its_acknowledged_rows(make_table, writer_process):
+    table = make_table(SCHEMA, num_shards=2, merge_engine="partial-update")
+    keys = pa.array(range(100), pa.int64())
+    table.write(pa.table({"id": keys, "name": ["seed"] * 100, "qty": keys, "price": [0.0] * 100}))
+    table.close()
+    child = writer_process(table.uri)  # writes name and price; qty is not given
+    acknowledge(child, "upsert", 0, 60)
+    acknowledge(child, "upsert", 60, 40)
+    child.kill()  # SIGKILL: its rows live only in its WAL, never flushed
+    child.wait()
+
+    survivor = LsmTable.open(table.uri)
+    survivor.write(pa.table({"id": keys, "qty": pa.array(range(1000, 1100), pa.int64())}))
+    expected = {(k,): {"id": k, "name": "child", "qty": 1000 + k, "price": float(k)} for k in range(100)}
+    assert rows_by_key(survivor.read()) == expected
+    survivor.flush()
+    survivor.compact()
+    assert rows_by_key(LsmTable.open(table.uri).read()) == expected
+    survivor.close()
