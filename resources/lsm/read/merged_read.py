@@ -461,14 +461,12 @@ def _newest_in_generations(
     key = list(snapshot.primary_key)
     if not generations or not keys.num_rows:
         return shape.empty_table()
-    asked: dict[tuple[int, str], list[int]] = {}
-    for i, row in enumerate(zip(*(keys.column(k).to_pylist() for k in key), strict=True)):
-        for generation in filters.candidates(shard_id, generations, row):
-            asked.setdefault(generation, []).append(i)
+    rows = list(zip(*(keys.column(k).to_pylist() for k in key), strict=True))
+    asked = filters.candidate_keys(shard_id, generations, rows)
     levels = []
-    for generation in sorted(asked):
+    for generation in sorted(g for g in asked if asked[g].size):
         dataset = open_generation(snapshot.storage, shard_id, generation[1], snapshot.session)
-        wanted_keys = keys.take(asked[generation])
+        wanted_keys = keys.take(pa.array(asked[generation]))
         found = generation_rows(dataset, shape, filter=keys_filter(wanted_keys, key))
         levels.append(key_join(found, wanted_keys, key, "left semi"))
     return newest_per_key(levels, shape, key)

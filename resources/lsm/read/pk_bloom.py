@@ -41,9 +41,10 @@ from ..format.storage import TableStorage
 log = logging.getLogger(__name__)
 
 BLOOM_FILTER_FILE = "bloom_filter.bin"
-_MASK64 = 2**64 - 1
 # Parquet SBBF salts: one per 32-bit word of a block.
-_SALT = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
+_SALTS = np.array(
+    [0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31], dtype=np.uint64
+)
 _INT_FORMATS = {pa.int32(): "<i", pa.int64(): "<q"}
 _SAMPLE_ROWS = 64  # keys of a generation its filter must admit before we trust it
 _CACHED_FILTERS = 1024  # 32 KiB each in 14.0.2
@@ -56,12 +57,29 @@ def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
 
 def pk_hash(values: Sequence[int | str], types: Sequence[pa.DataType]) -> int:
     """Lance's 64-bit primary-key hash of one non-null key (types per :func:`hashable_key_types`)."""
+    return int(pk_hashes([tuple(values)], types)[0])
+
+
+def pk_hashes(keys: Sequence[Sequence[int | str]], types: Sequence[pa.DataType]) -> np.ndarray:
+    """:func:`pk_hash` of every key, as a ``uint64`` array (hashed together, a few µs per key)."""
+    messages = [_message(key, types) for key in keys]
+    hashes = np.zeros(len(messages), dtype=np.uint64)
+    lengths = np.fromiter((len(m) for m in messages), dtype=np.int64, count=len(messages))
+    for length in np.unique(lengths):
+        rows = np.flatnonzero(lengths == length)
+        block = np.frombuffer(b"".join(messages[i] for i in rows), dtype=np.uint8).reshape(len(rows), int(length))
+        hashes[rows] = _siphash13(block)
+    return hashes
+
+
+def _message(key: Sequence[int | str], types: Sequence[pa.DataType]) -> bytes:
+    """What Lance's hasher is fed for one key: per column a null-flag byte, then the value's bytes."""
     parts = []
-    for value, value_type in zip(values, types, strict=True):
+    for value, value_type in zip(key, types, strict=True):
         parts.append(b"\x00")  # is_null = false
         fmt = _INT_FORMATS.get(value_type)
         parts.append(struct.pack(fmt, value) if fmt else cast(str, value).encode() + b"\xff")  # str if not int
-    return _siphash13(b"".join(parts))
+    return b"".join(parts)
 
 
 class SplitBlockBloomFilter:
@@ -74,11 +92,14 @@ class SplitBlockBloomFilter:
 
     def might_contain(self, key_hash: int) -> bool:
         """``False`` only if no key with this hash was inserted."""
-        block = self._blocks[((key_hash >> 32) * len(self._blocks)) >> 32]
-        low = key_hash & 0xFFFFFFFF
-        return all(
-            int(word) >> (((low * salt) & 0xFFFFFFFF) >> 27) & 1 for word, salt in zip(block, _SALT, strict=True)
-        )
+        return bool(self.might_contain_all(np.array([key_hash], dtype=np.uint64))[0])
+
+    def might_contain_all(self, key_hashes: np.ndarray) -> np.ndarray:
+        """:meth:`might_contain` of every hash in a ``uint64`` array (a boolean array)."""
+        blocks = self._blocks[((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)]
+        low = key_hashes & np.uint64(0xFFFFFFFF)
+        bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
+        return np.all((blocks.astype(np.uint64) >> bits) & np.uint64(1), axis=1)
 
 
 class GenerationFilters:
@@ -99,14 +120,22 @@ class GenerationFilters:
         self, shard_id: str, generations: Sequence[tuple[int, str]], key: Sequence[int | str]
     ) -> tuple[tuple[int, str], ...]:
         """Those of ``shard_id``'s ``generations`` that may hold ``key`` (all of them if unsure)."""
-        if not self._enabled:
-            return tuple(generations)
-        key_hash = pk_hash(key, self._types)
-        return tuple(g for g in generations if self._may_hold(shard_id, g[1], key_hash))
+        held = self.candidate_keys(shard_id, generations, [tuple(key)])
+        return tuple(g for g in generations if held[g].size)
 
-    def _may_hold(self, shard_id: str, directory: str, key_hash: int) -> bool:
-        bloom = self._filter(shard_id, directory)
-        return bloom is None or bloom.might_contain(key_hash)
+    def candidate_keys(
+        self, shard_id: str, generations: Sequence[tuple[int, str]], keys: Sequence[Sequence[int | str]]
+    ) -> dict[tuple[int, str], np.ndarray]:
+        """For each of ``generations``, the positions in ``keys`` of those it may hold (all of them if unsure)."""
+        everyone = np.arange(len(keys))
+        if not self._enabled:
+            return dict.fromkeys(generations, everyone)
+        hashes = pk_hashes(keys, self._types)
+        held = {}
+        for generation in generations:
+            bloom = self._filter(shard_id, generation[1])
+            held[generation] = everyone if bloom is None else np.flatnonzero(bloom.might_contain_all(hashes))
+        return held
 
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""
@@ -136,42 +165,44 @@ class GenerationFilters:
     def _admits_own_keys(self, bloom: SplitBlockBloomFilter, path: str) -> bool:
         generation = lance.dataset(self._storage.uri(path), storage_options=self._storage.storage_options)
         sample = generation.to_table(columns=self._key, limit=_SAMPLE_ROWS)
-        return all(
-            bloom.might_contain(pk_hash(row, self._types))
-            for row in zip(*(sample[c].to_pylist() for c in self._key), strict=True)
-        )
+        keys = list(zip(*(sample[c].to_pylist() for c in self._key), strict=True))
+        return bool(np.all(bloom.might_contain_all(pk_hashes(keys, self._types))))
 
 
-def _rotl(value: int, bits: int) -> int:
-    return ((value << bits) | (value >> (64 - bits))) & _MASK64
+def _rotl(value: np.ndarray, bits: int) -> np.ndarray:
+    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
 
 
-def _sip_round(v0: int, v1: int, v2: int, v3: int) -> tuple[int, int, int, int]:
-    v0 = (v0 + v1) & _MASK64
-    v1 = _rotl(v1, 13) ^ v0
-    v0 = _rotl(v0, 32)
-    v2 = (v2 + v3) & _MASK64
-    v3 = _rotl(v3, 16) ^ v2
-    v0 = (v0 + v3) & _MASK64
-    v3 = _rotl(v3, 21) ^ v0
-    v2 = (v2 + v1) & _MASK64
-    v1 = _rotl(v1, 17) ^ v2
-    v2 = _rotl(v2, 32)
-    return v0, v1, v2, v3
+def _sip_round(v: list[np.ndarray]) -> None:
+    v[0] += v[1]
+    v[1] = _rotl(v[1], 13) ^ v[0]
+    v[0] = _rotl(v[0], 32)
+    v[2] += v[3]
+    v[3] = _rotl(v[3], 16) ^ v[2]
+    v[0] += v[3]
+    v[3] = _rotl(v[3], 21) ^ v[0]
+    v[2] += v[1]
+    v[1] = _rotl(v[1], 17) ^ v[2]
+    v[2] = _rotl(v[2], 32)
 
 
-def _siphash13(message: bytes) -> int:
-    """SipHash-1-3 with keys (0, 0): Rust's ``DefaultHasher`` over ``message``."""
-    v0, v1, v2, v3 = 0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573
-    whole = len(message) - len(message) % 8
-    for offset in range(0, whole, 8):
-        word = int.from_bytes(message[offset : offset + 8], "little")
-        v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3 ^ word)
-        v0 ^= word
-    last = ((len(message) & 0xFF) << 56) | int.from_bytes(message[whole:], "little")
-    v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3 ^ last)
-    v0 ^= last
-    v2 ^= 0xFF
+def _siphash13(messages: np.ndarray) -> np.ndarray:
+    """SipHash-1-3 with keys (0, 0) (Rust's ``DefaultHasher``) of each row of ``messages`` (uint8, one length)."""
+    rows, length = messages.shape
+    v = [
+        np.full(rows, c, dtype=np.uint64)
+        for c in (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
+    ]
+    whole = length - length % 8
+    words = [np.ascontiguousarray(messages[:, o : o + 8]).view("<u8").ravel() for o in range(0, whole, 8)]
+    tail = np.zeros((rows, 8), dtype=np.uint8)
+    tail[:, : length - whole] = messages[:, whole:]
+    words.append(tail.view("<u8").ravel() | np.uint64((length & 0xFF) << 56))
+    for word in words:
+        v[3] ^= word
+        _sip_round(v)
+        v[0] ^= word
+    v[2] ^= np.uint64(0xFF)
     for _ in range(3):
-        v0, v1, v2, v3 = _sip_round(v0, v1, v2, v3)
-    return v0 ^ v1 ^ v2 ^ v3
+        _sip_round(v)
+    return v[0] ^ v[1] ^ v[2] ^ v[3]
