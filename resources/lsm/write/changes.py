@@ -123,9 +123,10 @@ def loose_column(values: list[object]) -> pa.Array:
 def records_table(records: Sequence[Mapping[str, object]], columns: list[str], unset_absent: bool = False) -> pa.Table:
     """Records as a table of ``columns`` (types inferred, see :func:`loose_column`).
 
-    A field a record lacks is null (``_op``: an upsert); with ``unset_absent`` (a partial-update
-    table) it is listed in the row's ``_unset`` instead (with any names the
-    record's own ``_unset`` gives), so that the row leaves that column as it is.
+    A field a record lacks is null, and a record without ``_op`` is an
+    upsert. With ``unset_absent`` (a partial-update table) a lacking column is
+    listed in the row's ``_unset`` instead (after any names the record's own
+    ``_unset`` gives), so that the row leaves that column as it is.
     """
     defaults: dict[str, object] = {OP_COLUMN: UPSERT}  # a record without ``_op`` is an upsert, as a batch without it
     table = pa.table(
@@ -212,7 +213,11 @@ def validate_changes(
             reasons.setdefault(int(row), f"unknown column {name!r} holds {table[name][int(row)].as_py()!r}")
     ops = _ops_column(table, reasons)
     seqs = _seq_column(table, reasons)
-    unset = _unset_column(table, schema, primary_key, partial_update, reasons)
+    unset = (
+        _unset_column(table, schema, primary_key, partial_update, reasons)
+        if partial_update or UNSET_COLUMN in table.column_names
+        else None
+    )
     is_delete = pc.fill_null(pc.equal(ops, DELETE), False)
     columns = {}
     for target in schema:
@@ -221,7 +226,7 @@ def validate_changes(
         columns[target.name] = _cast_column(table, target, primary_key, is_delete, required, reasons)
     columns[OP_COLUMN] = ops
     columns[SEQ_COLUMN] = seqs
-    if partial_update:
+    if partial_update and unset is not None:
         columns[UNSET_COLUMN] = unset
     normalized = pa.table(columns)
 
