@@ -51,6 +51,9 @@ class LandingChangesConfig(Config):
     delete_ratio: float = Field(default=0.1, description="Share of rows deleting existing keys.")
     reinsert_ratio: float = Field(default=0.05, description="Share of rows bringing deleted keys back.")
     malformed_rows: int = Field(default=0, description="Rows per file that ingestion must quarantine.")
+    partial_ratio: float = Field(
+        default=0.25, description="Share of upserts that set only some columns (partial-update tables only)."
+    )
     file_format: Literal["parquet", "jsonl", "csv", "debezium"] = Field(
         default="parquet", description="parquet, jsonl, csv, or debezium (JSON Lines of Debezium envelopes)."
     )
@@ -182,6 +185,7 @@ def write_landing(
         delete_ratio=config.delete_ratio,
         reinsert_ratio=config.reinsert_ratio,
         seed=config.seed,
+        partial_ratio=config.partial_ratio if table.merge_engine == "partial-update" else 0.0,
     )
     batches = write_table_landing_files(
         table.schema,

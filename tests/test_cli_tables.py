@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, DagsterInstance
 
+from lsm_assets.ingestion import LandingChangesConfig
 from resources.lsm import LsmTable
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_table_changes, replay_table
 from tests.helpers import rows_by_key, run_cli_job
@@ -54,9 +55,10 @@ def test_two_declared_tables_run_end_to_end_from_the_cli(tmp_path):
     for name in ("customers", "order_lines"):
         run_cli_job(f"{name}_demo_job", env, timeout=900)
 
-    spec = ChangeStreamSpec(num_keys=300, num_batches=2, batch_size=200, seed=7)
     for name in ("customers", "order_lines"):
         table = LsmTable.open(str(tmp_path / "warehouse" / f"{name}.lance"))
+        partial = LandingChangesConfig().partial_ratio if table.merge_engine == "partial-update" else 0.0
+        spec = ChangeStreamSpec(num_keys=300, num_batches=2, batch_size=200, seed=7, partial_ratio=partial)
         oracle = replay_table(list(generate_table_changes(table.schema, table.primary_key, spec)), table.primary_key)
         assert rows_by_key(table.read(), table.primary_key) == oracle
         assert all(not s.pending_generations for s in table.shards())

@@ -20,7 +20,7 @@ import pyarrow.compute
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ..format.schema import DELETE, OP_COLUMN, SEQ_COLUMN, UPSERT
+from ..format.schema import DELETE, OP_COLUMN, SEQ_COLUMN, UNSET_COLUMN, UPSERT
 from ..format.storage import TableStorage
 
 
@@ -48,6 +48,8 @@ class ChangeStreamSpec:
     ``update_ratio`` of each batch rewrites existing keys, ``delete_ratio``
     deletes existing keys, ``reinsert_ratio`` brings deleted keys back; the
     rest inserts new keys. ``_seq`` is shuffled within a batch (out of order).
+    ``partial_ratio`` of the upserts (for partial-update tables) leave some
+    non-key columns unset: they are listed in ``_unset`` and null in the batch.
     """
 
     num_keys: int = 10_000
@@ -59,6 +61,7 @@ class ChangeStreamSpec:
     seed: int = 7
     vector_dim: int = 0
     with_text: bool = False
+    partial_ratio: float = 0.0
 
     @property
     def schema(self) -> pa.Schema:
@@ -66,9 +69,10 @@ class ChangeStreamSpec:
 
 
 def generate_changes(spec: ChangeStreamSpec) -> Iterator[pa.Table]:
-    """Yield ``spec.num_batches`` change batches of ``spec.schema`` + ``_op``/``_seq``."""
+    """Yield ``spec.num_batches`` change batches of ``spec.schema`` + ``_op``/``_seq`` (+ ``_unset``)."""
+    partial = np.random.default_rng(spec.seed + 1)  # its own draws: the stream is the same with or without
     for rng, keys, ops, seqs in _key_stream(spec):
-        yield _batch(spec, rng, keys, ops, seqs)
+        yield _leave_unset(_batch(spec, rng, keys, ops, seqs), ["id"], spec.partial_ratio, partial)
 
 
 def generate_table_changes(schema: pa.Schema, primary_key: Sequence[str], spec: ChangeStreamSpec) -> Iterator[pa.Table]:
@@ -83,11 +87,32 @@ def generate_table_changes(schema: pa.Schema, primary_key: Sequence[str], spec: 
     ValueError
         Naming a column whose type has no generator.
     """
+    partial = np.random.default_rng(spec.seed + 1)
     for rng, keys, ops, seqs in _key_stream(spec):
         columns = {**key_values(schema, primary_key, keys), **_random_values(schema, primary_key, rng, len(keys))}
         columns[OP_COLUMN] = pa.array(ops)
         columns[SEQ_COLUMN] = pa.array(seqs, pa.int64())
-        yield pa.table({name: columns[name] for name in [*schema.names, OP_COLUMN, SEQ_COLUMN]})
+        batch = pa.table({name: columns[name] for name in [*schema.names, OP_COLUMN, SEQ_COLUMN]})
+        yield _leave_unset(batch, primary_key, spec.partial_ratio, partial)
+
+
+def _leave_unset(batch: pa.Table, primary_key: Sequence[str], ratio: float, rng: np.random.Generator) -> pa.Table:
+    """``batch`` with ``ratio`` of its upserts leaving a random non-empty set of non-key columns unset."""
+    if not ratio:
+        return batch
+    settable = [c for c in batch.column_names if c not in primary_key and c not in (OP_COLUMN, SEQ_COLUMN)]
+    chosen = (rng.random(batch.num_rows) < ratio) & (batch[OP_COLUMN].to_numpy(zero_copy_only=False) == UPSERT)
+    unset_mask = rng.random((batch.num_rows, len(settable))) < 0.5
+    unset_mask[np.arange(batch.num_rows), rng.integers(0, len(settable), batch.num_rows)] = True
+    unset_mask &= chosen[:, None]
+    for i, name in enumerate(settable):
+        column = batch[name]
+        nulls = pa.nulls(len(column), column.type)
+        batch = batch.set_column(
+            batch.schema.get_field_index(name), name, pa.compute.if_else(unset_mask[:, i], nulls, column)
+        )
+    unset = [[settable[i] for i in np.flatnonzero(row)] for row in unset_mask]
+    return batch.append_column(UNSET_COLUMN, pa.array(unset, pa.list_(pa.string())))
 
 
 def _key_stream(spec: ChangeStreamSpec) -> Iterator[tuple[np.random.Generator, np.ndarray, np.ndarray, np.ndarray]]:
@@ -197,13 +222,17 @@ def replay_table(batches: list[pa.Table], primary_key: Sequence[str]) -> dict[tu
 
 
 def _apply(batches: list[pa.Table], key_of: Callable[[dict[str, object]], Any]) -> dict[Any, dict[str, object]]:
+    """Rows applied one by one in ``_seq`` order; a column a row's ``_unset`` names keeps its value (null if new)."""
     state: dict[Any, dict[str, object]] = {}
     for batch in batches:
         for row in sorted(batch.to_pylist(), key=lambda r: r[SEQ_COLUMN]):
+            key = key_of(row)
             if row[OP_COLUMN] == DELETE:
-                state.pop(key_of(row), None)
-            else:
-                state[key_of(row)] = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN)}
+                state.pop(key, None)
+                continue
+            unset = set(row.get(UNSET_COLUMN) or ())
+            given = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN, UNSET_COLUMN) and k not in unset}
+            state[key] = {**dict.fromkeys(unset), **state.get(key, {}), **given}
     return state
 
 
@@ -347,9 +376,10 @@ def _columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
 
 def debezium_records(batch: pa.Table, primary_key: Sequence[str]) -> list[dict[str, object]]:
     """``batch``'s changes as Debezium envelopes: ``u`` with ``after`` for an upsert, ``d`` with the key
-    in ``before`` for a delete, ``source.lsn`` = ``_seq`` (so ``order_by: source.lsn`` keeps the order)."""
+    in ``before`` for a delete, ``source.lsn`` = ``_seq`` (so ``order_by: source.lsn`` keeps the order).
+    An ``after`` leaves out the fields its row does not set (``_unset``)."""
     records: list[dict[str, object]] = []
-    for row in batch.to_pylist():
+    for row in _records(batch):
         values = {k: v for k, v in row.items() if k not in (OP_COLUMN, SEQ_COLUMN)}
         deleted = row[OP_COLUMN] == DELETE
         records.append(
@@ -390,9 +420,12 @@ _EXTENSIONS = {"parquet": "parquet", "jsonl": "jsonl", "csv": "csv"}
 
 def _file_bytes(batch: pa.Table, bad: list[dict[str, object]], fmt: str) -> bytes:
     """One landing file's content: ``batch`` then the malformed rows ``bad``, in format ``fmt``."""
+    if fmt == "jsonl":  # a field a row does not set is left out of its record
+        return "".join(json.dumps(row) + "\n" for row in _records(batch) + bad).encode()
+    if UNSET_COLUMN in batch.column_names and fmt == "csv":  # text: the names, comma-separated
+        unset = pa.array([",".join(names) for names in batch[UNSET_COLUMN].to_pylist()])
+        batch = batch.set_column(batch.schema.get_field_index(UNSET_COLUMN), UNSET_COLUMN, unset)
     rows = batch.to_pylist() + bad
-    if fmt == "jsonl":
-        return "".join(json.dumps(row) + "\n" for row in rows).encode()
     if bad:
         # Values as text, so a file can carry the malformed ones; the table
         # schema's types are restored by casting at ingestion.
@@ -406,6 +439,14 @@ def _file_bytes(batch: pa.Table, bad: list[dict[str, object]], fmt: str) -> byte
     else:
         pacsv.write_csv(batch, sink)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def _records(batch: pa.Table) -> list[dict[str, object]]:
+    """``batch``'s rows as records, each without the fields its ``_unset`` names (nor ``_unset`` itself)."""
+    rows = batch.to_pylist()
+    if UNSET_COLUMN not in batch.column_names:
+        return rows
+    return [{k: v for k, v in r.items() if k != UNSET_COLUMN and k not in (r[UNSET_COLUMN] or ())} for r in rows]
 
 
 def _text(value: object) -> str:
@@ -424,6 +465,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reinsert-ratio", type=float, default=ChangeStreamSpec.reinsert_ratio)
     parser.add_argument("--vector-dim", type=int, default=0, help="add an embedding column of this size")
     parser.add_argument("--with-text", action="store_true", help="add a description text column")
+    parser.add_argument(
+        "--partial-ratio", type=float, default=0.0, help="share of upserts setting only some columns (partial-update)"
+    )
     parser.add_argument("--malformed-rows", type=int, default=0, help="bad rows per file (quarantined)")
     parser.add_argument("--prefix", default="changes", help="file-name prefix (files sort by name)")
     parser.add_argument("--seed", type=int, default=ChangeStreamSpec.seed)
@@ -438,6 +482,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         vector_dim=args.vector_dim,
         with_text=args.with_text,
+        partial_ratio=args.partial_ratio,
     )
     batches = write_landing_files(spec, args.landing_dir, args.format, args.malformed_rows, args.prefix)
     print(

@@ -9,6 +9,7 @@ import pytest
 
 from resources.lsm import InvalidChangesError, LsmTable
 from resources.lsm.format.schema import UNSET_COLUMN
+from resources.lsm.testing.changegen import ChangeStreamSpec, generate_table_changes, replay_table
 from resources.lsm.write.changes import resolve_changes, validate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.read.writer_child import acknowledge
@@ -118,6 +119,15 @@ def test_partial_updates_at_every_level_equal_the_oracle(make_table, seed):
     for (version, view), touched in zip(versions, touched_since, strict=True):
         assert rows_by_key(table.read(as_of=version)) == view
         assert feed_of(table, version) == expected_changes(view, oracle.view(), touched)
+
+
+def test_a_generated_partial_stream_equals_the_generators_oracle(make_table):
+    table = make_table(SCHEMA, num_shards=2, merge_engine="partial-update", max_memtable_rows=100)
+    spec = ChangeStreamSpec(num_keys=200, num_batches=4, batch_size=150, seed=3, partial_ratio=0.5)
+    batches = list(generate_table_changes(table.schema, table.primary_key, spec))
+    for batch in batches:
+        table.write(batch)
+    assert rows_by_key(table.read()) == replay_table(batches, ["id"])
 
 
 def test_an_absent_column_keeps_its_value_and_an_explicit_null_is_a_value(make_table):
