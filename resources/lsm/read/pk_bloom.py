@@ -99,7 +99,8 @@ class SplitBlockBloomFilter:
         blocks = self._blocks[((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)]
         low = key_hashes & np.uint64(0xFFFFFFFF)
         bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
-        return np.all((blocks.astype(np.uint64) >> bits) & np.uint64(1), axis=1)
+        held: np.ndarray = np.all((blocks.astype(np.uint64) >> bits) & np.uint64(1), axis=1)
+        return held
 
 
 class GenerationFilters:

@@ -441,9 +441,9 @@ def _file_bytes(batch: pa.Table, bad: list[dict[str, object]], fmt: str) -> byte
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _records(batch: pa.Table) -> list[dict[str, object]]:
+def _records(batch: pa.Table) -> list[dict[str, Any]]:
     """``batch``'s rows as records, each without the fields its ``_unset`` names (nor ``_unset`` itself)."""
-    rows = batch.to_pylist()
+    rows: list[dict[str, Any]] = batch.to_pylist()
     if UNSET_COLUMN not in batch.column_names:
         return rows
     return [{k: v for k, v in r.items() if k != UNSET_COLUMN and k not in (r[UNSET_COLUMN] or ())} for r in rows]
