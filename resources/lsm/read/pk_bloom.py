@@ -51,17 +51,15 @@ _CACHED_FILTERS = 1024  # 32 KiB each in 14.0.2
 
 
 def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
-    """Whether :func:`pk_hash` reproduces Lance's hash for a key of these column types."""
+    """Whether :func:`pk_hashes` reproduces Lance's hash for keys of these column types."""
     return all(t in _INT_FORMATS or t == pa.string() for t in types)
 
 
-def pk_hash(values: Sequence[int | str], types: Sequence[pa.DataType]) -> int:
-    """Lance's 64-bit primary-key hash of one non-null key (types per :func:`hashable_key_types`)."""
-    return int(pk_hashes([tuple(values)], types)[0])
-
-
 def pk_hashes(keys: Sequence[Sequence[int | str]], types: Sequence[pa.DataType]) -> np.ndarray:
-    """:func:`pk_hash` of every key, as a ``uint64`` array (hashed together, a few µs per key)."""
+    """Lance's 64-bit primary-key hash of every non-null key (types per :func:`hashable_key_types`), as ``uint64``.
+
+    Keys are hashed together, a few µs per key.
+    """
     messages = [_message(key, types) for key in keys]
     hashes = np.zeros(len(messages), dtype=np.uint64)
     lengths = np.fromiter((len(m) for m in messages), dtype=np.int64, count=len(messages))
@@ -90,12 +88,8 @@ class SplitBlockBloomFilter:
             raise ValueError(f"a split-block bloom filter is whole 32-byte blocks, got {len(data)} bytes")
         self._blocks = np.frombuffer(data, dtype="<u4").reshape(-1, 8)
 
-    def might_contain(self, key_hash: int) -> bool:
-        """``False`` only if no key with this hash was inserted."""
-        return bool(self.might_contain_all(np.array([key_hash], dtype=np.uint64))[0])
-
     def might_contain_all(self, key_hashes: np.ndarray) -> np.ndarray:
-        """:meth:`might_contain` of every hash in a ``uint64`` array (a boolean array)."""
+        """For each hash of a ``uint64`` array, ``False`` only if no key with that hash was inserted."""
         blocks = self._blocks[((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)]
         low = key_hashes & np.uint64(0xFFFFFFFF)
         bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
@@ -116,13 +110,6 @@ class GenerationFilters:
         self._enabled = hashable_key_types(self._types)
         self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
         self._lock = threading.Lock()  # lookups may share a table object across threads
-
-    def candidates(
-        self, shard_id: str, generations: Sequence[tuple[int, str]], key: Sequence[int | str]
-    ) -> tuple[tuple[int, str], ...]:
-        """Those of ``shard_id``'s ``generations`` that may hold ``key`` (all of them if unsure)."""
-        held = self.candidate_keys(shard_id, generations, [tuple(key)])
-        return tuple(g for g in generations if held[g].size)
 
     def candidate_keys(
         self, shard_id: str, generations: Sequence[tuple[int, str]], keys: Sequence[Sequence[int | str]]

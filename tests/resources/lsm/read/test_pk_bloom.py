@@ -12,7 +12,7 @@ import pytest
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import shard_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
-from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hash
+from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hashes
 from tests.helpers import drop_pending_runs, rows_by_key
 
 KEYED_SCHEMAS = {
@@ -63,11 +63,16 @@ def test_every_key_of_a_generation_passes_its_filter_and_absent_keys_mostly_do_n
                 bloom = SplitBlockBloomFilter(f.read())
             rows = lance.dataset(path).to_table(columns=[*key, TOMBSTONE_COLUMN])
             tombstones += sum(rows[TOMBSTONE_COLUMN].to_pylist())
-            assert all(
-                bloom.might_contain(pk_hash(k, types)) for k in zip(*(rows[c].to_pylist() for c in key), strict=True)
-            )
-            assert sum(bloom.might_contain(pk_hash(k, types)) for k in absent) < len(absent) * 0.05
+            present = list(zip(*(rows[c].to_pylist() for c in key), strict=True))
+            assert bloom.might_contain_all(pk_hashes(present, types)).all()
+            assert bloom.might_contain_all(pk_hashes(absent, types)).sum() < len(absent) * 0.05
     assert tombstones == 150, "deletes are rows of their generation, and their filter admits them"
+
+
+def candidates(table, shard, key: list) -> tuple:
+    """The shard's pending generations whose filter may hold ``key``."""
+    held = generation_filters(table).candidate_keys(shard.shard_id, shard.pending_generations, [tuple(key)])
+    return tuple(g for g in shard.pending_generations if held[g].size)
 
 
 def test_a_lookup_plans_only_over_the_generations_that_may_hold_its_key(make_table):
@@ -79,12 +84,12 @@ def test_a_lookup_plans_only_over_the_generations_that_may_hold_its_key(make_tab
     shard = table.shards()[0]
     generations = shard.pending_generations
     assert len(generations) == 5
-    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [250]) == (generations[2],)
-    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [150]) == (
+    assert candidates(table, shard, [250]) == (generations[2],)
+    assert candidates(table, shard, [150]) == (
         generations[1],
         generations[4],
     )
-    assert generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [10_000]) == ()
+    assert candidates(table, shard, [10_000]) == ()
 
     probe = [*range(0, 420, 7), 150]
     expected = rows_by_key(table.read())
@@ -129,8 +134,5 @@ def test_keys_lance_hashes_differently_are_never_pruned(make_table, key_type):
         table.write(pa.table({"id": pa.array([value(n) for n in range(20)], key_type), "v": [label] * 20}))
         table.close()
     shard = table.shards()[0]
-    assert (
-        generation_filters(table).candidates(shard.shard_id, shard.pending_generations, [value(5)])
-        == shard.pending_generations
-    )
+    assert candidates(table, shard, [value(5)]) == shard.pending_generations
     assert table.lookup([value(5)])["v"].to_pylist() == ["b"]
