@@ -271,10 +271,11 @@ def changes_of_batch(
     row number, counted from ``first_row``. With ``cdc`` the rows are CDC
     records, decoded first (malformed ones rejected with their reason).
     """
+    rules = table.change_rules
     read = LandingRows(rows, [], np.arange(first_row, first_row + rows.num_rows, dtype=np.int64))
     if cdc is not None:
-        read = cdc_rows(read, cdc, table.change_rules.partial_update)
-    validated = validate_rows(read, table.change_rules)
+        read = cdc_rows(read, cdc, rules.partial_update)
+    validated = validate_rows(read, rules)
     return validated.valid, rejected_rows(source, read, validated.rejections)
 
 

@@ -30,15 +30,21 @@ from ..read.key_sets import rows_of_keys
 _ROW = "__lsm_row"
 
 
-def unset_mask(unset: pa.ChunkedArray | pa.Array, column: str) -> np.ndarray:
-    """For each row, whether ``column`` is among its unset columns (``unset``: lists of names, null = none)."""
+def unset_masks(unset: pa.ChunkedArray | pa.Array, columns: list[str]) -> dict[str, np.ndarray]:
+    """For each of ``columns``, which rows leave it unset (``unset``: lists of names per row, null = none).
+
+    The lists are flattened once for all columns.
+    """
     unset = unset.combine_chunks() if isinstance(unset, pa.ChunkedArray) else unset
-    mask = np.zeros(len(unset), dtype=bool)
     names = pc.list_flatten(unset)
-    if len(names):
-        rows = pc.list_parent_indices(unset).to_numpy()
-        mask[rows[pc.fill_null(pc.equal(names, column), False).to_numpy(zero_copy_only=False)]] = True
-    return mask
+    rows = pc.list_parent_indices(unset).to_numpy()
+    masks = {}
+    for column in columns:
+        mask = np.zeros(len(unset), dtype=bool)
+        if len(names):
+            mask[rows[pc.fill_null(pc.equal(names, column), False).to_numpy(zero_copy_only=False)]] = True
+        masks[column] = mask
+    return masks
 
 
 def fold_changes(ordered: pa.Table, schema: pa.Schema, primary_key: list[str]) -> tuple[pa.Table, pa.Table]:
@@ -67,11 +73,12 @@ def fold_changes(ordered: pa.Table, schema: pa.Schema, primary_key: list[str]) -
 
     columns: dict[str, pa.Array] = {}
     unset_names: list[list[str]] = [[] for _ in range(int(upserted.sum()))]
+    unset = unset_masks(rows[UNSET_COLUMN], [f.name for f in schema if f.name not in primary_key])
     for field in schema:
         if field.name in primary_key:
             columns[field.name] = rows[field.name].take(pa.array(newest[upserted]))
             continue
-        sets = ~is_delete & after_delete & ~unset_mask(rows[UNSET_COLUMN], field.name)
+        sets = ~is_delete & after_delete & ~unset[field.name]
         source = np.maximum.reduceat(np.where(sets, position, -1), starts)[upserted]
         columns[field.name] = rows[field.name].take(pa.array(source, mask=source < 0))
         for i in np.flatnonzero((source < 0) & (last_delete[upserted] < 0)):
@@ -103,7 +110,7 @@ def complete_upserts(handle: TableHandle, shard_id: str, upserts: pa.Table) -> p
     """
     unset = upserts[UNSET_COLUMN]
     full = upserts.drop_columns([UNSET_COLUMN])
-    masks = {name: unset_mask(unset, name) for name in full.column_names}
+    masks = unset_masks(unset, full.column_names)
     wanted = [name for name, mask in masks.items() if mask.any()]
     if not wanted:
         return full
