@@ -25,6 +25,7 @@ import pyarrow as pa
 from .errors import TableNotFoundError, VersionNotRetainedError
 from .format.compaction_marker import read_compacted_generations
 from .format.layout import generation_dir
+from .format.merge_claims import merged_through, read_claims, unsettled
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, LAST_WRITE_WINS, empty_tail
@@ -121,8 +122,9 @@ class TableHandle:
         self.runs = PendingRuns(self.storage)
         self.pending_cache = PendingGenerations()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
-        # A version's manifest never changes: decode its markers once per version, not once per read.
-        self._compacted_generations = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
+        # A version's manifest and transactions never change: decode its markers and claims once per version.
+        self._markers = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
+        self._claims = lru_cache(maxsize=16)(partial(read_claims, dataset))
         self.schema: pa.Schema = dataset.schema
         """The base's columns when the handle was opened (:meth:`dataset` has the latest)."""
         self._read_base: lance.LanceDataset | None = dataset  # reused for reads while no commit comes
@@ -202,7 +204,7 @@ class TableHandle:
         only maintenance needs (see :func:`~resources.lsm.format.shard_state.load_shard_state`).
         """
         dataset = self.dataset() if dataset is None else dataset
-        compacted = self._compacted_generations(dataset.version)
+        compacted = self.compacted_generations(dataset.version)
         wanted = None if shard_ids is None else set(shard_ids)
         return [
             load_shard_state(self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=for_read)
@@ -252,7 +254,7 @@ class TableHandle:
         VersionNotRetainedError
             If a generation or WAL entry the version lists was removed.
         """
-        compacted = self._compacted_generations(dataset.version)
+        compacted = self.compacted_generations(dataset.version)
         wanted = None if shard_ids is None else set(shard_ids)
         states = []
         for bucket, (shard_id, position) in enumerate(zip(self.shard_ids, version.shards, strict=True)):
@@ -274,8 +276,14 @@ class TableHandle:
                 raise VersionNotRetainedError(version, f"generation {generation} of shard {state.bucket} was removed")
 
     def compacted_generations(self, version: int) -> dict[str, int]:
-        """Each shard's merged-through generation as base ``version`` records it (decoded once per version)."""
-        return self._compacted_generations(version)
+        """Each shard's merged-through generation at base ``version``: the newer of its compacted marker
+        and the claim of a data commit the marker has not caught up with yet
+        (:mod:`~resources.lsm.format.merge_claims`). Decoded once per version."""
+        return merged_through(self._markers(version), self._claims(version))
+
+    def unsettled_claims(self, version: int) -> dict[str, int]:
+        """The generations a data commit at or below ``version`` merged beyond the marker (usually none)."""
+        return unsettled(self._markers(version), self._claims(version))
 
     def snapshot(
         self,

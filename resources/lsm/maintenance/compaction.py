@@ -2,22 +2,31 @@
 
 One pass over the shards being merged, top to bottom:
 
-1. Pin the latest base version and read every shard's compacted marker from
-   that version's manifest.
+1. Pin the latest base version. If a data commit there claims generations
+   its marker does not record yet (a merge stopped between its two
+   commits), move the marker first: nothing else happens until it is settled.
 2. Per shard, take the generations the shard manifest listed *when the merge
-   started* above its marker, in ascending order, shard after shard, until
-   ``max_rows_per_pass`` rows are collected (always at least one generation).
-   Directory listings are never used, so orphan directories are never read,
-   and generations flushed while we merge wait for the next call.
+   started* above its merged-through generation (the newer of marker and
+   claim), in ascending order. A shard whose stored pending run covers a
+   prefix of them, with a deletion vector that still holds in the base,
+   takes exactly the run's generations; the others take generations shard
+   after shard until ``max_rows_per_pass`` rows are collected (always at
+   least one generation). Directory listings are never used, so orphan
+   directories are never read, and generations flushed while we merge wait
+   for the next call.
 3. Resolve newest-wins per key: later generations win; within a generation
-   the later row wins. (A flush hides older duplicates of a key behind a
-   deletion vector, so a generation normally yields each key once; we do not
-   rely on it.) ``_tombstone`` rows become deletes. A key lives in one shard,
-   so shards never compete for a key.
-4. Commit everything with ONE ``merge_insert`` that also records, for every
-   shard in the pass, its highest merged generation as its compacted marker.
-   Every commit joins against the whole base, so one commit for all shards
-   instead of one per shard divides that cost by the number of shards.
+   the later row wins (a run is already resolved). ``_tombstone`` rows
+   become deletes. A key lives in one shard, so shards never compete for a key.
+4. Commit (:mod:`~resources.lsm.maintenance.base_commits`): the data in one
+   ``Update`` that claims, per shard, the pass's last generation, then the
+   marker in a data-free commit. Passes over runs are *join-free*: their
+   deletion vector names the base rows to delete, so the commit costs one
+   deletion file per touched fragment plus the new rows, whatever the base's
+   size. Other passes let ``merge_insert`` compute the ``Update`` with its join
+   (a hash join against a scan of the base, or key-index probes for very
+   few rows: ``_INDEX_JOIN_MAX_FRACTION``). An empty base has no fragment to
+   serialize data commits on: there one ``merge_insert`` commits the data and
+   the marker together, one generation per shard.
 
 Expressing upserts and deletes in one ``merge_insert`` (pylance 14.0.2): the
 source must have exactly the table's columns (an extra ``_tombstone`` column
@@ -27,22 +36,21 @@ So the source carries the upserts only, and deletes ride on
 ``when_not_matched_by_source_delete("<key> IN (...)")``: a deleted key is
 never in the source, so its base row is exactly a "not matched by source"
 row the predicate selects. The price: a pass with deletes joins against the
-whole base table. Without deletes the merge hash-joins the source against
-a scan of the base rather than probing the key index per row (see
-``_INDEX_JOIN_MAX_FRACTION``): each commit costs about one scan of the base.
+whole base table.
 
 Safety:
 
-* Crash before the commit: nothing changed. Crash after it: the marker says
-  the generations are merged, so a re-run finds nothing to do.
-* Lance refuses a marker that does not strictly increase ("Stale SSTable
-  compaction"), even after rebasing onto a concurrent commit. Every pass
-  covers, per shard, the contiguous generations right above the marker it
-  read, so a pass that does commit is never older than what the base holds.
-* ``conflict_retries(0)``: Lance would otherwise re-execute a conflicting
-  pass against the new base, re-applying generations a concurrent merge may
-  have covered already. Instead we re-read the markers and plan again from
-  them, so a merge that lost a race skips what the winner merged.
+* Crash before a data commit: nothing changed. Crash after it: the claim
+  says the generations are merged, so a re-run only moves the marker.
+* Two merges never both commit data for a generation: concurrent data
+  commits conflict on the lock fragment (see ``base_commits``), and on an
+  empty base Lance refuses a marker that does not increase ("Stale SSTable
+  compaction"); one generation per shard per commit makes that refusal cover
+  every overlap.
+* No commit is retried by Lance (``conflict_retries(0)``, ``max_retries=0``):
+  a retry would re-apply changes planned against an older base. Instead we
+  re-read markers and claims and plan again from them, so a merge that lost
+  a race skips what the winner merged.
 """
 
 from __future__ import annotations
@@ -53,16 +61,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.dataset import MergeInsertBuilder
 from lance.mem_wal import CompactedSsTable
 
-from ..format.schema import TOMBSTONE_COLUMN, empty_tail, primary_key_of
+from ..format.schema import TOMBSTONE_COLUMN, conform, empty_tail, primary_key_of
 from ..format.shard_state import ShardState
 from ..handle import TableHandle
 from ..read.dedup import keep_last_per_key
+from ..read.deletion_vector import fragment_ids
 from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
+from ..read.pending_run import NOT_IN_BASE, PendingRun
+from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
 
 MAX_CONFLICTS_PER_SHARD = 8
@@ -125,8 +138,11 @@ class ShardCompaction:
     generations_merged
         Generations this call committed into the base, ascending.
     passes
-        Commits that merged some of the shard's generations (each bounded by
-        ``max_rows_per_pass``; a commit may carry other shards too).
+        Data commits that merged some of the shard's generations (each bounded
+        by ``max_rows_per_pass`` or by the shard's pending run; a commit may
+        carry other shards too).
+    join_free_passes
+        Those of ``passes`` that took the shard's pending run: no join with the base.
     rows_upserted
         Base rows inserted or updated with the shard's rows.
     deletes_applied
@@ -150,6 +166,7 @@ class ShardCompaction:
     shard_id: str
     generations_merged: tuple[int, ...]
     passes: int
+    join_free_passes: int
     rows_upserted: int
     deletes_applied: int
     conflicts: int
@@ -206,6 +223,10 @@ class _ShardPass:
     generations: tuple[int, ...]
     upserts: pa.Table
     deletes: pa.Table
+    superseded: np.ndarray | None = None
+    """From a pending run: the addresses of the base rows the changes supersede (``None``: join to find them)."""
+    base_rows_deleted: int = 0
+    """From a pending run: the base rows its deletes remove."""
 
 
 @dataclass
@@ -214,6 +235,7 @@ class _ShardTally:
 
     generations: list[int] = field(default_factory=list)
     passes: int = 0
+    join_free_passes: int = 0
     rows_upserted: int = 0
     deletes_applied: int = 0
     conflicts: int = 0
@@ -222,6 +244,7 @@ class _ShardTally:
     def committed(self, shard_pass: _ShardPass, version: int) -> None:
         self.generations += shard_pass.generations
         self.passes += 1
+        self.join_free_passes += shard_pass.superseded is not None
         self.rows_upserted += shard_pass.upserts.num_rows
         self.deletes_applied += shard_pass.deletes.num_rows
         self.base_version = version
@@ -261,19 +284,21 @@ def compact(
     rows_deleted = 0
     while True:
         base = table.dataset()
-        markers = table.compacted_generations(base.version)
-        todo = {s: [g for g in targets[s] if g[0] > markers.get(s, 0)] for s in shard_ids}
-        passes = _read_passes(table, {s: t for s, t in todo.items() if t}, max_rows_per_pass)
+        if _settle_claims(table, base, tallies):
+            continue
+        merged_through = table.compacted_generations(base.version)
+        todo = {s: [g for g in targets[s] if g[0] > merged_through.get(s, 0)] for s in shard_ids}
+        passes = _plan_passes(table, base, {s: t for s, t in todo.items() if t}, max_rows_per_pass)
         if not passes:
             break
         try:
-            stats = _commit_passes(base, list(table.primary_key), passes)
+            version, deleted = _commit_passes(table, base, passes)
         except OSError as exc:
             _count_conflict(exc, [tallies[p.shard_id] for p in passes])
             continue
-        rows_deleted += stats["num_deleted_rows"]
-        for shard_pass in passes:  # merge_insert moved ``base`` to its commit
-            tallies[shard_pass.shard_id].committed(shard_pass, base.version)
+        rows_deleted += deleted
+        for shard_pass in passes:
+            tallies[shard_pass.shard_id].committed(shard_pass, version)
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
@@ -294,6 +319,7 @@ def _shard_result(shard_id: str, tally: _ShardTally, after: ShardState, started:
         shard_id=shard_id,
         generations_merged=tuple(tally.generations),
         passes=tally.passes,
+        join_free_passes=tally.join_free_passes,
         rows_upserted=tally.rows_upserted,
         deletes_applied=tally.deletes_applied,
         conflicts=tally.conflicts,
@@ -312,11 +338,98 @@ def _shard_states(table: TableHandle, shard_ids: Sequence[str]) -> dict[str, Sha
     return {s.shard_id: s for s in table.shard_states(shard_ids=shard_ids)}
 
 
-def _read_passes(table: TableHandle, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int) -> list[_ShardPass]:
+def settle_claims(table: TableHandle, base: lance.LanceDataset) -> dict[str, int]:
+    """Move the marker up to the claims it lags behind at ``base`` (a merge stopped between its two commits).
+
+    Returns the claims it settled (empty: none was outstanding). Raises
+    ``OSError`` if the marker commit lost to a concurrent commit (which may
+    have settled them) or failed.
+    """
+    claims = table.unsettled_claims(base.version)
+    if claims:
+        commit_marker(base, table.primary_key, claims)
+    return claims
+
+
+def _settle_claims(table: TableHandle, base: lance.LanceDataset, tallies: dict[str, _ShardTally]) -> bool:
+    """:func:`settle_claims`; whether there were claims to settle (the caller then re-reads the base).
+
+    Losing the marker commit is fine: the winner may have settled the claims already.
+    """
+    claims = table.unsettled_claims(base.version)
+    if not claims:
+        return False
+    try:
+        settle_claims(table, base)
+    except OSError as exc:
+        _count_conflict(exc, [tallies[s] for s in claims if s in tallies])
+    return True
+
+
+def _plan_passes(
+    table: TableHandle, base: lance.LanceDataset, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int
+) -> list[_ShardPass]:
+    """The next commit's passes: every shard that has a usable pending run, else generations read afresh."""
+    if not todo:
+        return []
+    present = fragment_ids(base)
+    if present:
+        passes = _run_passes(table, base, todo, present)
+        if passes:
+            return passes
+    # An empty base serializes merges on the marker alone: one generation per shard and commit.
+    return _read_passes(table, todo, max_rows, generations_per_shard=None if present else 1)
+
+
+def _run_passes(
+    table: TableHandle, base: lance.LanceDataset, todo: dict[str, Sequence[tuple[int, str]]], present: set[int]
+) -> list[_ShardPass]:
+    """Passes over the shards whose stored run covers a prefix of their ``todo`` with a vector that holds."""
+    columns = empty_tail(base.schema).schema
+    passes = []
+    for state in table.shard_states(base, todo, for_read=True):
+        run = table.runs.find(state, quiet=True)
+        if run is not None and _run_is_usable(run, todo[state.shard_id], present):
+            passes.append(_run_pass(run, columns, list(table.primary_key)))
+    return passes
+
+
+def _run_is_usable(run: PendingRun, todo: Sequence[tuple[int, str]], present: set[int]) -> bool:
+    """The run covers the first generations to merge, knows every key's base row, and its rows are still there."""
+    return (
+        tuple(todo[: len(run.generations)]) == run.generations
+        and run.base_rows.null_count == 0
+        and run.superseded.holds_in(present)
+    )
+
+
+def _run_pass(run: PendingRun, columns: pa.Schema, primary_key: list[str]) -> _ShardPass:
+    changes = conform(run.changes, columns)
+    dead = changes[TOMBSTONE_COLUMN].combine_chunks()
+    addresses = run.base_rows.to_numpy()
+    in_base = addresses != NOT_IN_BASE
+    return _ShardPass(
+        shard_id=run.shard_id,
+        generations=tuple(generation for generation, _ in run.generations),
+        upserts=changes.filter(pc.invert(dead)).drop_columns([TOMBSTONE_COLUMN]),
+        deletes=changes.filter(dead).select(primary_key),
+        superseded=addresses[in_base],
+        base_rows_deleted=int(np.count_nonzero(in_base & dead.to_numpy(zero_copy_only=False))),
+    )
+
+
+def _read_passes(
+    table: TableHandle,
+    todo: dict[str, Sequence[tuple[int, str]]],
+    max_rows: int,
+    *,
+    generations_per_shard: int | None = None,
+) -> list[_ShardPass]:
     """One commit's worth of generations: shard after shard, each from its marker up.
 
     At most ``max_rows`` generation rows unless the first generation alone is
-    larger (a pass always makes progress). Each shard's changes are resolved
+    larger (a pass always makes progress), and at most
+    ``generations_per_shard`` per shard. Each shard's changes are resolved
     to one per key.
     """
     # The latest base's columns: they include any added after ``table`` was opened (older rows get nulls).
@@ -326,7 +439,7 @@ def _read_passes(table: TableHandle, todo: dict[str, Sequence[tuple[int, str]]],
     for shard_id, generations in todo.items():
         taken: list[int] = []
         parts: list[pa.Table] = []
-        for generation, directory in generations:
+        for generation, directory in generations[:generations_per_shard]:
             sstable = open_generation(table.storage, shard_id, directory)
             count = sstable.count_rows()
             if (passes or taken) and rows + count > max_rows:
@@ -336,7 +449,7 @@ def _read_passes(table: TableHandle, todo: dict[str, Sequence[tuple[int, str]]],
             rows += count
         if taken:
             passes.append(_resolve(shard_id, tuple(taken), pa.concat_tables(parts), list(table.primary_key)))
-        if len(taken) < len(generations):
+        if len(taken) < len(generations[:generations_per_shard]):
             break  # the budget is spent: the rest waits for the next pass
     return passes
 
@@ -353,9 +466,33 @@ def _resolve(shard_id: str, generations: tuple[int, ...], rows: pa.Table, primar
     )
 
 
-def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: list[_ShardPass]) -> dict[str, Any]:
-    """Apply the passes and advance each shard's marker to its last generation, atomically."""
+def _commit_passes(table: TableHandle, base: lance.LanceDataset, passes: list[_ShardPass]) -> tuple[int, int]:
+    """Commit the passes' data, claiming each shard's last generation; the base version and rows deleted.
+
+    The marker follows in the next round (:func:`_settle_claims`), except on
+    an empty base, where it is committed with the data.
+    """
     upserts = pa.concat_tables([p.upserts for p in passes])
+    claims = {p.shard_id: p.generations[-1] for p in passes}
+    if all(p.superseded is not None for p in passes):
+        superseded = np.concatenate([p.superseded for p in passes if p.superseded is not None])
+        operation = data_from_runs(
+            base, superseded, upserts, storage_options=table.storage_options, session=table.session
+        )
+        return commit_data(base, operation, claims), sum(p.base_rows_deleted for p in passes)
+    builder = _merge_insert(base, list(table.primary_key), passes, upserts)
+    if not fragment_ids(base):
+        builder = builder.mark_sstables_as_compacted([CompactedSsTable(s, g) for s, g in claims.items()])
+        stats: dict[str, Any] = builder.execute(upserts)  # Lance's merge_insert counters
+        return base.version, int(stats["num_deleted_rows"])  # merge_insert moved ``base`` to its commit
+    operation, deleted = data_from_merge_insert(builder, upserts)
+    return commit_data(base, operation, claims), deleted
+
+
+def _merge_insert(
+    base: lance.LanceDataset, primary_key: list[str], passes: list[_ShardPass], upserts: pa.Table
+) -> MergeInsertBuilder:
+    """A ``merge_insert`` of the passes' upserts that also deletes their deleted keys."""
     deletes = pa.concat_tables([p.deletes for p in passes])
     builder = (
         base.merge_insert(primary_key)
@@ -363,13 +500,10 @@ def _commit_passes(base: lance.LanceDataset, primary_key: list[str], passes: lis
         .when_not_matched_insert_all()
         .conflict_retries(0)
         .use_index(upserts.num_rows < _INDEX_JOIN_MAX_FRACTION * base.count_rows())
-        # One entry per shard and commit: Lance refuses several for one shard.
-        .mark_sstables_as_compacted([CompactedSsTable(p.shard_id, p.generations[-1]) for p in passes])
     )
     if deletes.num_rows:
         builder = builder.when_not_matched_by_source_delete(key_in_predicate(deletes, base.schema))
-    stats: dict[str, Any] = builder.execute(upserts)  # Lance's merge_insert counters
-    return stats
+    return builder
 
 
 def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:

@@ -87,6 +87,7 @@ from ..format.shard_manifest import (
 from ..format.storage import TableStorage
 from ..handle import TableHandle
 from ..read.pending_run import covered_generations
+from .compaction import settle_claims
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
 
 GenerationDirs = Sequence[tuple[int, str]]
@@ -144,7 +145,7 @@ def collect_garbage(
     started = time.monotonic()
     storage = table.storage
     wal_keep_seconds = max(wal_grace_seconds, older_than.total_seconds() if older_than is not None else 0.0)
-    versions = _cleanup_base_versions(table.dataset(), older_than, retain_versions)
+    versions = _cleanup_base_versions(table, older_than, retain_versions)
     merged = _merged_in_every_retained_version(storage, table.dataset(), table.shard_ids)
     bounds = _collectable_generations(storage, table.dataset(), merged)
     now_ns = time.time_ns()
@@ -163,9 +164,20 @@ def collect_garbage(
     return GcResult(generations, wal, orphans, versions, runs, time.monotonic() - started)
 
 
-def _cleanup_base_versions(
-    dataset: lance.LanceDataset, older_than: timedelta | None, retain_versions: int | None
-) -> Reclaimed:
+def _cleanup_base_versions(table: TableHandle, older_than: timedelta | None, retain_versions: int | None) -> Reclaimed:
+    """Remove old base versions, once no merge claim lives in one of them.
+
+    A claim is read from its data commit's transaction (see
+    :mod:`~resources.lsm.format.merge_claims`): removing that version before
+    the marker caught up would hide the claim and show its rows twice. So an
+    outstanding claim is settled first, and if that fails every version stays.
+    """
+    dataset = table.dataset()
+    try:
+        settle_claims(table, dataset)
+    except OSError:
+        return Reclaimed()  # a concurrent merge is settling it: the next collection removes the versions
+    dataset = table.dataset()
     # Tagged versions are kept (and keep their generations alive via rule 1).
     stats = dataset.cleanup_old_versions(
         older_than=older_than, retain_versions=retain_versions, error_if_tagged_old_versions=False

@@ -2,8 +2,8 @@
 
 Each step writes upserts / deletes (with out-of-order ``_seq``), closes,
 reopens or crashes the table (writers dropped unflushed), flushes, builds
-pending runs, merges, rewrites the base's files (stale deletion vectors) or
-collects garbage; after
+pending runs, merges (or stops a merge between its data and marker commits),
+rewrites the base's files (stale deletion vectors) or collects garbage; after
 every step the merged view, the count and point lookups must equal the oracle,
 and every stored pending run must agree with a key join against the base.
 Single and composite keys.
@@ -11,16 +11,19 @@ Single and composite keys.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from datetime import timedelta
 from typing import ClassVar
+from unittest.mock import patch
 
 import pyarrow as pa
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from resources.lsm import LsmTable
+from resources.lsm.maintenance import compaction
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns
@@ -30,6 +33,10 @@ STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None, suppres
 
 SINGLE_KEY_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("qty", pa.int32())])
 COMPOSITE_KEY_SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int32()), ("name", pa.string())])
+
+
+class _Killed(Exception):
+    """Stands for a SIGKILL at one step of a merge (the crash matrix kills real processes)."""
 
 
 class LsmTableMachine(RuleBasedStateMachine):
@@ -124,6 +131,13 @@ class LsmTableMachine(RuleBasedStateMachine):
     @rule(max_rows_per_pass=st.sampled_from([3, 1000]))
     def merge(self, max_rows_per_pass: int) -> None:
         self.table.compact(max_rows_per_pass=max_rows_per_pass)
+
+    @rule()
+    def merge_killed_between_its_commits(self) -> None:
+        """A merge dies after a data commit, before the marker catches up with its claim."""
+        with patch.object(compaction, "commit_marker", side_effect=_Killed), contextlib.suppress(_Killed):
+            self.table.compact()
+        self.table = LsmTable.open(self.table.uri)
 
     @rule()
     def rewrite_base_files(self) -> None:

@@ -8,9 +8,10 @@ a chosen point (a real process kill, nothing gets to clean up)::
     python -m tests.resources.lsm.maintenance.maintenance_helpers URI compact after-commit N
     python -m tests.resources.lsm.maintenance.maintenance_helpers URI gc after-delete N
 
-``N`` counts merge_insert commits (or GC directory deletions) from 1; a
-compaction commits at most ``CRASH_PASS_ROWS`` generation rows at a time, so
-it makes several commits, some holding more than one shard;
+``N`` counts base commits (data commits, marker commits, or a first merge's
+data-and-marker commits; or GC directory deletions) from 1; a compaction
+commits at most ``CRASH_PASS_ROWS`` generation rows at a time (a pending run
+whole), so it makes several commits, some holding more than one shard;
 ``during-commit`` kills DELAY seconds after the N-th commit started, wherever
 it is by then (still writing, committing, or just done).
 """
@@ -32,8 +33,9 @@ from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable
 from resources.lsm.format.compaction_marker import read_compacted_generations
+from resources.lsm.format.merge_claims import CLAIM_PROPERTY
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
-from resources.lsm.maintenance import gc as lsm_gc
+from resources.lsm.maintenance import compaction, gc as lsm_gc
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from tests.helpers import rows_by_key
 
@@ -99,6 +101,24 @@ def merge_commits(table: LsmTable) -> int:
     return sum(1 for before, after in itertools.pairwise(history) if after != before)
 
 
+def data_commits(table: LsmTable) -> int:
+    """How many base versions are data commits that claimed generations (their markers followed separately)."""
+    base = table.dataset()
+    return sum(
+        1
+        for v in base.versions()
+        if v["version"] > 1 and CLAIM_PROPERTY in (_transaction_properties(base, v["version"]))
+    )
+
+
+def _transaction_properties(base: lance.LanceDataset, version: int) -> dict[str, str]:
+    try:
+        transaction = base.read_transaction(version)
+    except TypeError:  # pylance 14.0.2 cannot decode index rewrites (file compaction)
+        return {}
+    return dict(transaction.transaction_properties or {}) if transaction else {}
+
+
 def markers_only_advance(table: LsmTable) -> bool:
     """No base version moved a shard's compacted marker backwards (nothing merged twice)."""
     history = _marker_history(table)
@@ -127,25 +147,29 @@ def _kill_self() -> None:
 
 
 def _kill_at_commit(mode: str, nth: int, delay: float) -> None:
-    original = MergeInsertBuilder.execute
+    """Kill at the ``nth`` base commit of a merge: data commits and marker (or whole) commits alike."""
     calls = 0
 
-    def execute(self, *args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if calls != nth:
-            return original(self, *args, **kwargs)
-        if mode == "before-commit":
+    def killing(original):
+        def commit(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            if calls != nth:
+                return original(*args, **kwargs)
+            if mode == "before-commit":
+                _kill_self()
+            if mode == "during-commit":
+                threading.Timer(delay, _kill_self).start()
+            result = original(*args, **kwargs)
+            if mode == "during-commit":
+                time.sleep(delay + 5)  # the timer fires after the commit finished
             _kill_self()
-        if mode == "during-commit":
-            threading.Timer(delay, _kill_self).start()
-        result = original(self, *args, **kwargs)
-        if mode == "during-commit":
-            time.sleep(delay + 5)  # the timer fires after the commit finished
-        _kill_self()
-        return result
+            return result
 
-    MergeInsertBuilder.execute = execute
+        return commit
+
+    MergeInsertBuilder.execute = killing(MergeInsertBuilder.execute)
+    compaction.commit_data = killing(compaction.commit_data)
 
 
 def _kill_after_delete(nth: int) -> None:

@@ -19,12 +19,14 @@ from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.compaction_marker import read_compacted_generations
+from resources.lsm.maintenance import compaction
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import (
     assert_base_sane,
     assert_view,
     build_change_table,
+    data_commits,
     marker_advances,
     markers_only_advance,
     merge_commits,
@@ -73,7 +75,7 @@ def test_shard_by_shard_compaction_keeps_the_view_and_fills_the_base(tmp_path):
 
 
 def test_a_pass_stops_at_the_row_bound_but_takes_at_least_one_generation(tmp_path):
-    table, _ = build_change_table(str(tmp_path / "a.lance"), num_shards=1, num_batches=4, batch_size=200)
+    table, _ = build_change_table(str(tmp_path / "a.lance"), num_shards=1, num_batches=5, batch_size=200)
     shard = table.shard_ids[0]
     sizes = [
         lance.dataset(f"{table.uri}/_mem_wal/{shard}/{d}").count_rows()
@@ -82,11 +84,12 @@ def test_a_pass_stops_at_the_row_bound_but_takes_at_least_one_generation(tmp_pat
     other = shutil.copytree(table.uri, tmp_path / "b.lance")
 
     table.compact(max_rows_per_pass=1)
-    assert _marker_history(table, shard) == [0, 1, 2, 3]
+    assert _marker_history(table, shard) == [0, 1, 2, 3, 4]
 
+    # The first merge into an empty base takes one generation per shard, whatever the bound.
     table = LsmTable.open(str(other))
-    table.compact(max_rows_per_pass=sizes[0] + sizes[1])
-    assert _marker_history(table, shard) == [0, 2, 3]
+    table.compact(max_rows_per_pass=sizes[1] + sizes[2])
+    assert _marker_history(table, shard) == [0, 1, 3, 4]
 
 
 def test_deletes_reinserts_and_updates_across_generations(make_table):
@@ -189,7 +192,7 @@ def key_indexes(table: LsmTable) -> set[str]:
     return {name for index in table.dataset().describe_indices() for name in index.field_names}
 
 
-def test_concurrent_compactions_of_a_shard_commit_once(tmp_path, monkeypatch):
+def test_concurrent_first_merges_into_an_empty_base_commit_each_generation_once(tmp_path, monkeypatch):
     table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=1)
     both_planned = threading.Barrier(2, timeout=30)
     original = MergeInsertBuilder.execute
@@ -205,11 +208,10 @@ def test_concurrent_compactions_of_a_shard_commit_once(tmp_path, monkeypatch):
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda _: LsmTable.open(table.uri).compact().shards[0], range(2)))
 
-    winner, loser = sorted(results, key=lambda r: -r.passes)
-    assert (winner.passes, loser.passes) == (1, 0)
-    assert loser.conflicts >= 1 and loser.generations_merged == ()
-    assert winner.generations_merged == tuple(range(1, len(batches)))
-    assert marker_advances(table) == {table.shard_ids[0]: 1}
+    assert sum(r.conflicts for r in results) >= 1
+    merged = sorted(g for r in results for g in r.generations_merged)
+    assert merged == list(range(1, len(batches)))  # each generation once
+    assert markers_only_advance(table)
     assert_view(table, batches)
     assert_base_sane(table.uri)
 
@@ -318,21 +320,111 @@ def test_compact_rejects_unknown_shards_and_empty_passes(make_table):
         table.compact(max_rows_per_pass=0)
 
 
-def test_one_commit_merges_every_shard(tmp_path):
+def test_the_first_merge_into_an_empty_base_commits_one_generation_per_shard_with_its_marker(tmp_path):
     table, batches = build_change_table(str(tmp_path / "t.lance"))
     pending = _generations(table)
 
     result = table.compact(maintenance=None)
 
-    assert merge_commits(table) == 1
+    # Commit 1: data and markers together, generation 1 of every shard; then one data commit for the rest
+    # of every shard (its claim) and one marker commit.
+    assert (merge_commits(table), data_commits(table)) == (2, 1)
     assert {r.shard_id: (r.generations_merged, r.passes) for r in result.shards} == {
-        s: (g, 1) for s, g in pending.items()
+        s: (g, 2) for s, g in pending.items()
     }
     assert len({r.base_version for r in result.shards}) == 1
-    assert sum(r.deletes_applied for r in result.shards) > 0
-    assert result.rows_deleted == 0  # the base was empty: the deleted keys had not reached it
+    assert result.rows_deleted == 0 or sum(r.deletes_applied for r in result.shards) > 0
     assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches[:-1])
     assert_view(table, batches)
+
+
+@pytest.mark.parametrize("with_runs", [True, False], ids=["join-free", "merge_insert"])
+def test_one_data_commit_and_one_marker_commit_merge_every_shard(tmp_path, with_runs):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    table.compact()
+    more = list(generate_changes(ChangeStreamSpec(num_keys=4000, num_batches=3, batch_size=600, seed=23)))
+    for batch in more:
+        table.write(batch)
+        table.close()
+    if with_runs:
+        table.build_pending_runs()
+    pending = _generations(table)
+    commits_before = (merge_commits(table), data_commits(table))
+
+    result = table.compact(maintenance=None)
+
+    assert (merge_commits(table), data_commits(table)) == (commits_before[0] + 1, commits_before[1] + 1)
+    assert {r.shard_id: (r.generations_merged, r.passes, r.join_free_passes) for r in result.shards} == {
+        s: (g, 1, int(with_runs)) for s, g in pending.items()
+    }
+    assert result.rows_deleted > 0  # the new batches delete keys the base holds
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view([*batches, *more])
+    assert_view(table, [*batches, *more])
+    assert_base_sane(table.uri)
+
+
+def test_a_join_free_merge_keeps_the_key_index_finding_every_row(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"))
+    table.compact()
+    more = list(generate_changes(ChangeStreamSpec(num_keys=4000, num_batches=2, batch_size=600, seed=29)))
+    for batch in more:
+        table.write(batch)
+        table.close()
+    table.build_pending_runs()
+    table.compact(maintenance=None)  # the new rows are not indexed yet
+    expected = oracle_view([*batches, *more])
+    base = lance.dataset(table.uri)
+    assert base.stats.index_stats("id_idx")["num_unindexed_rows"] > 0
+    keys = [k for (k,) in expected][::7]
+    found = base.to_table(filter=f"id IN ({', '.join(map(str, keys))})")
+    assert "ScalarIndexQuery" in base.scanner(filter=f"id IN ({keys[0]})").explain_plan()
+    assert rows_by_key(found) == {(k,): expected[(k,)] for k in keys}
+
+
+def _hold_data_commits(monkeypatch, parties: int) -> threading.Event:
+    """Make the first data commit of each of ``parties`` threads wait until all of them reach it."""
+    planned = threading.Barrier(parties, timeout=60)
+    first_arrived = threading.Event()
+    original = compaction.commit_data
+    state = threading.local()
+
+    def commit_data(*args, **kwargs):
+        if not getattr(state, "waited", False):
+            state.waited = True
+            first_arrived.set()
+            planned.wait()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compaction, "commit_data", commit_data)
+    return first_arrived
+
+
+def test_concurrent_merges_over_different_generations_and_paths_commit_each_generation_once(tmp_path, monkeypatch):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=1)
+    table.compact()
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=4, batch_size=300, seed=31)))
+    for batch in more[:3]:
+        table.write(batch)
+        table.close()
+    table.build_pending_runs()
+    first_planned = _hold_data_commits(monkeypatch, 2)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with_run = pool.submit(lambda: table.compact(maintenance=None).shards[0])
+        assert first_planned.wait(60)
+        # The second merge plans later: one more generation, and no run (it must join).
+        shutil.rmtree(tmp_path / "t.lance" / "_lsm_runs")
+        table.write(more[3])
+        table.close()
+        joined = LsmTable.open(table.uri).compact(maintenance=None).shards[0]
+        first = with_run.result()
+
+    merged = sorted(first.generations_merged + joined.generations_merged)
+    assert merged == sorted(set(merged)) and len(merged) == 4  # every new generation once
+    assert first.conflicts + joined.conflicts >= 1
+    assert markers_only_advance(table)
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view([*batches, *more])
+    assert_view(table, [*batches, *more])
+    assert_base_sane(table.uri)
 
 
 # ---------------------------------------------------------------- crash matrix
@@ -359,16 +451,61 @@ def _assert_recovers(uri: str, batches: list[pa.Table]) -> None:
     assert rows_by_key(lance.dataset(uri).to_table()) == oracle_view(batches[:-1])
 
 
+@pytest.fixture(scope="module")
+def crash_template_with_runs(tmp_path_factory):
+    """A merged table with 3 more generations per shard, their pending runs built, and a WAL tail."""
+    uri = str(tmp_path_factory.mktemp("crash-runs") / "template.lance")
+    table, batches = build_change_table(uri)
+    table.compact()
+    table.close()
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=4, batch_size=500, seed=37)))
+    for batch in more[:-1]:
+        table.write(batch)
+        table.close()
+    table.write(more[-1])
+    table.detach_writers()
+    table.build_pending_runs()
+    return uri, [*batches, *more]
+
+
+def _commits(table: LsmTable) -> int:
+    return merge_commits(table) + data_commits(table)
+
+
+# A first merge: whole commits (empty base), then data and marker commits in turn.
 @pytest.mark.parametrize(
-    ("mode", "nth"), [("before-commit", 1), ("before-commit", 3), ("after-commit", 1), ("after-commit", 3)]
+    ("mode", "nth"),
+    [("before-commit", 1), ("after-commit", 1), ("before-commit", 5), *(("after-commit", n) for n in (4, 5, 6))],
 )
 def test_compaction_killed_before_or_after_a_commit(crash_template, tmp_path, mode, nth):
     template, batches = crash_template
     uri = str(shutil.copytree(template, tmp_path / "t.lance"))
+    before = _commits(LsmTable.open(uri))
 
     assert run_worker(uri, "compact", mode, nth) == -signal.SIGKILL
     committed = nth - 1 if mode == "before-commit" else nth
-    assert merge_commits(LsmTable.open(uri)) == committed
+    assert _commits(LsmTable.open(uri)) - before == committed
+    _assert_recovers(uri, batches)
+
+
+# A join-free merge: commit 1 is its data (deletion files, new rows, the claim), commit 2 its marker.
+@pytest.mark.parametrize(("mode", "nth"), [("before-commit", 1), ("after-commit", 1), ("after-commit", 2)])
+def test_join_free_merge_killed_around_its_two_commits(crash_template_with_runs, tmp_path, mode, nth):
+    template, batches = crash_template_with_runs
+    uri = str(shutil.copytree(template, tmp_path / "t.lance"))
+    table = LsmTable.open(uri)
+    before = (merge_commits(table), data_commits(table))
+
+    assert run_worker(uri, "compact", mode, nth) == -signal.SIGKILL
+    table = LsmTable.open(uri)
+    after = (merge_commits(table), data_commits(table))
+    assert (
+        after
+        == {1: before, 2: (before[0], before[1] + 1), 3: (before[0] + 1, before[1] + 1)}[nth + (mode == "after-commit")]
+    )
+    assert_view(table, batches)  # between the two commits too: the claim covers what the marker lags
+    table.compact()
+    assert data_commits(table) == before[1] + 1  # a re-run settles the claim, it never re-applies the data
     _assert_recovers(uri, batches)
 
 
