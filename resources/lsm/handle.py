@@ -124,7 +124,10 @@ class TableHandle:
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.
         self._markers = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
-        self._claims = lru_cache(maxsize=16)(partial(read_claims, dataset))
+        self._claims = lru_cache(maxsize=16)(self._read_claims)
+        self._history = dataset.checkout_version(dataset.version)
+        """Reads transactions by number: its own object, one call at a time (pylance borrows it mutably)."""
+        self._history_lock = threading.Lock()
         self.schema: pa.Schema = dataset.schema
         """The base's columns when the handle was opened (:meth:`dataset` has the latest)."""
         self._read_base: lance.LanceDataset | None = dataset  # reused for reads while no commit comes
@@ -280,6 +283,10 @@ class TableHandle:
         and the claim of a data commit the marker has not caught up with yet
         (:mod:`~resources.lsm.format.merge_claims`). Decoded once per version."""
         return merged_through(self._markers(version), self._claims(version))
+
+    def _read_claims(self, version: int) -> dict[str, int]:
+        with self._history_lock:
+            return read_claims(self._history, version)
 
     def unsettled_claims(self, version: int) -> dict[str, int]:
         """The generations a data commit at or below ``version`` merged beyond the marker (usually none)."""
