@@ -160,8 +160,8 @@ def merge_shards(
 ) -> dict[str, Any]:
     """Merge ``shards``' pending generations into the base in one ``compact`` call.
 
-    Each commit carries every shard it merges, so the base is joined against
-    once per pass, not once per shard.
+    Each commit carries every shard it merges; a shard with a pending run is
+    merged without joining the base (``join_free_commits``).
     """
     result = table.compact([s.shard_id for s in shards], max_rows_per_pass=max_rows_per_pass)
     bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
@@ -169,7 +169,8 @@ def merge_shards(
     for merged in result.shards:
         context.log.info(
             f"shard {bucket[merged.shard_id]}: merged generations {list(merged.generations_merged)} "
-            f"in {merged.passes} commits ({merged.rows_upserted} upserted, {merged.deletes_applied} deletes "
+            f"in {merged.passes} commits, {merged.join_free_passes} join-free ({merged.rows_upserted} upserted, "
+            f"{merged.deletes_applied} deletes "
             f"applied); {merged.pending_generations} pending"
         )
         per_shard[bucket[merged.shard_id]] = _merge_numbers(merged)
@@ -192,6 +193,7 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
         "rows_upserted": shard.rows_upserted,
         "deletes_applied": shard.deletes_applied,
         "commits": shard.passes,
+        "join_free_commits": shard.join_free_passes,
         "conflicts": shard.conflicts,
         "compacted_generation": shard.compacted_generation,
         "lag_generations": shard.pending_generations,
@@ -205,7 +207,8 @@ def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefin
     @table_asset(table, "merged_base", deps=[flushed], kinds={"lance"}, pool=f"lsm_merge/{table.name}")
     def merged_base(context: AssetExecutionContext, config: MergeConfig) -> MaterializeResult:
         """The base table with shards' flushed generations merged in: newest wins, tombstones
-        become deletes, data and the compacted markers in one commit (idempotent, crash-safe).
+        become deletes; each pass a data commit claiming its generations, then the compacted markers
+        (idempotent, crash-safe; join-free where pending runs hold the superseded rows).
         The merge guards run first; a failed guard stops the run before anything is merged."""
         lsm = open_table(context, table)
         shards = selected_shards(lsm, config.shards)

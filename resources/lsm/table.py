@@ -460,12 +460,13 @@ class LsmTable:
     ) -> CompactionResult:
         """Merge flushed generations into the base table (one shard, several, or all for ``None``).
 
-        Per shard, the generations the manifest lists above the compacted
-        marker when the call starts are merged in ascending order, newest
-        wins, in passes of at most ``max_rows_per_pass`` rows; each pass is
-        one commit carrying its data and the new marker. Idempotent and
-        crash-safe: the merged view never changes and nothing is applied
-        twice. Afterwards the base's files and indexes are tidied per
+        Per shard, the generations the manifest lists above the merged-through
+        generation when the call starts are merged in ascending order, newest
+        wins: a shard's stored pending run in one pass without joining the
+        base, other generations in passes of at most ``max_rows_per_pass``
+        rows. Each pass is a data commit that claims its generations, then a
+        marker commit. Idempotent and crash-safe: the merged view never
+        changes and nothing is applied twice. Afterwards the base's files and indexes are tidied per
         ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
         """
         shard_ids = self._shard_list(shard)
