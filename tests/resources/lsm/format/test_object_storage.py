@@ -71,8 +71,20 @@ def test_write_read_lookup_flush_compact_gc_on_s3(configured):
     assert merged.generations_merged == _generations(reopened)
     assert {k[0]: v for k, v in rows_by_key(reopened.read(as_of=version)).items()} == expected
     assert reopened.changes(since=version).read_all().num_rows == 0
+
+    more = list(generate_changes(ChangeStreamSpec(num_keys=300, num_batches=2, batch_size=200, seed=6)))
+    for batch in more:
+        reopened.write(batch)
+        reopened.close()
+    reopened.build_pending_runs()
+    join_free = reopened.compact()  # deletion files and new fragments written on s3, no join
+    assert all(s.join_free_passes == s.passes == 1 for s in join_free.shards)
+    expected = replay([*batches, *more])
+    assert _view(LsmTable.open(uri, storage_options=options)) == expected
+
     reclaimed = reopened.gc(**EVERYTHING)
-    assert reclaimed.compacted_generations.count == merged.generations_merged and _generations(reopened) == 0
+    merged_generations = merged.generations_merged + join_free.generations_merged
+    assert reclaimed.compacted_generations.count == merged_generations and _generations(reopened) == 0
     assert _view(reopened) == expected
     assert reopened.dataset().count_rows() == len(expected)
     with pytest.raises(VersionNotRetainedError):  # GC kept one base version
