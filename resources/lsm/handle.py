@@ -15,17 +15,18 @@ from __future__ import annotations
 import json
 import os
 import threading
+import zlib
 from collections.abc import Callable, Iterable
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import lance
 import pyarrow as pa
 
 from .errors import TableNotFoundError, VersionNotRetainedError
-from .format.compaction_marker import read_compacted_generations
+from .format.compaction_marker import compacted_generations_in, read_manifest
 from .format.layout import generation_dir
-from .format.merge_claims import merged_through, read_claims, unsettled
+from .format.merge_claims import CLAIMS, merged_through, read_claims, unsettled
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, LAST_WRITE_WINS, empty_tail
@@ -123,8 +124,7 @@ class TableHandle:
         self.pending_cache = PendingGenerations()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.
-        self._markers = lru_cache(maxsize=16)(partial(read_compacted_generations, self.storage))
-        self._claims = lru_cache(maxsize=16)(self._read_claims)
+        self._version_facts = lru_cache(maxsize=16)(self._read_version_facts)
         self._history = dataset.checkout_version(dataset.version)
         """Reads transactions by number: its own object, one call at a time (pylance borrows it mutably)."""
         self._history_lock = threading.Lock()
@@ -282,15 +282,22 @@ class TableHandle:
         """Each shard's merged-through generation at base ``version``: the newer of its compacted marker
         and the claim of a data commit the marker has not caught up with yet
         (:mod:`~resources.lsm.format.merge_claims`). Decoded once per version."""
-        return merged_through(self._markers(version), self._claims(version))
+        return merged_through(*self._version_facts(version))
+
+    def unsettled_claims(self, version: int) -> dict[str, int]:
+        """The generations a data commit at or below ``version`` merged beyond the marker (usually none)."""
+        return unsettled(*self._version_facts(version))
+
+    def _read_version_facts(self, version: int) -> tuple[dict[str, int], dict[str, int]]:
+        """The compacted markers and the outstanding claims at base ``version``."""
+        manifest = read_manifest(self.storage, version)
+        return compacted_generations_in(manifest), CLAIMS.get(
+            (self.uri, version, zlib.crc32(manifest)), lambda: self._read_claims(version)
+        )
 
     def _read_claims(self, version: int) -> dict[str, int]:
         with self._history_lock:
             return read_claims(self._history, version)
-
-    def unsettled_claims(self, version: int) -> dict[str, int]:
-        """The generations a data commit at or below ``version`` merged beyond the marker (usually none)."""
-        return unsettled(self._markers(version), self._claims(version))
 
     def snapshot(
         self,

@@ -58,13 +58,18 @@ def read_compacted_generations(storage: TableStorage, version: int) -> dict[str,
     protowire.ProtobufDecodeError
         If the manifest is not a Lance manifest.
     """
-    details = read_mem_wal_index_details(storage, version)
+    return compacted_generations_in(read_manifest(storage, version))
+
+
+def compacted_generations_in(manifest: bytes) -> dict[str, int]:
+    """:func:`read_compacted_generations` of a manifest already read (:func:`read_manifest`)."""
+    details = _mem_wal_index_details(manifest)
     return shard_generations(details.messages(_DETAILS_COMPACTED)) if details else {}
 
 
 def read_mem_wal_index_details(storage: TableStorage, version: int) -> protowire.Message | None:
     """The decoded ``MemWalIndexDetails`` of the base table at ``version`` (``None``: no MemWAL)."""
-    return _mem_wal_index_details(_read_manifest_file(storage, version))
+    return _mem_wal_index_details(read_manifest(storage, version))
 
 
 def shard_generations(entries: list[protowire.Message]) -> dict[str, int]:
@@ -81,7 +86,8 @@ def shard_generations(entries: list[protowire.Message]) -> dict[str, int]:
     return generations
 
 
-def _read_manifest_file(storage: TableStorage, version: int) -> bytes:
+def read_manifest(storage: TableStorage, version: int) -> bytes:
+    """The bytes of the base manifest of ``version`` (``FileNotFoundError`` if there is none)."""
     # Lance names manifests "{u64::MAX - version:020}.manifest" (V2 scheme) or
     # "{version}.manifest" (V1 scheme, older tables).
     for name in (f"{_U64_MAX - version:020d}.manifest", f"{version}.manifest"):
