@@ -170,8 +170,7 @@ def merge_shards(
         context.log.info(
             f"shard {bucket[merged.shard_id]}: merged generations {list(merged.generations_merged)} "
             f"in {merged.passes} commits, {merged.join_free_passes} join-free ({merged.rows_upserted} upserted, "
-            f"{merged.deletes_applied} deletes "
-            f"applied); {merged.pending_generations} pending"
+            f"{merged.deletes_applied} deletes applied); {merged.pending_generations} pending"
         )
         per_shard[bucket[merged.shard_id]] = _merge_numbers(merged)
     context.log.info(f"{result.rows_deleted} base rows deleted in {result.elapsed_seconds:.2f}s")

@@ -56,7 +56,7 @@ Safety:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,28 +282,42 @@ def compact(
     targets = {s: state.pending_generations for s, state in _shard_states(table, shard_ids).items()}
     tallies = {s: _ShardTally() for s in shard_ids}
     rows_deleted = 0
-    while True:
-        base = table.dataset()
-        if _settle_claims(table, base, tallies):
-            continue
-        merged_through = table.compacted_generations(base.version)
-        todo = {s: [g for g in targets[s] if g[0] > merged_through.get(s, 0)] for s in shard_ids}
-        passes = _plan_passes(table, base, {s: t for s, t in todo.items() if t}, max_rows_per_pass)
-        if not passes:
-            break
-        try:
-            version, deleted = _commit_passes(table, base, passes)
-        except OSError as exc:
-            _count_conflict(exc, [tallies[p.shard_id] for p in passes])
-            continue
+    # Each round's commits are durable, so a store fault repeats only its round (re-planned from the base).
+    while (deleted := table.retrying(lambda: _merge_round(table, targets, tallies, max_rows_per_pass), "merge")) >= 0:
         rows_deleted += deleted
-        for shard_pass in passes:
-            tallies[shard_pass.shard_id].committed(shard_pass, version)
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
     tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
     return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
+
+
+def _merge_round(
+    table: TableHandle,
+    targets: Mapping[str, Sequence[tuple[int, str]]],
+    tallies: dict[str, _ShardTally],
+    max_rows: int,
+) -> int:
+    """Settle an outstanding claim, or plan and commit the next pass; the base rows it deleted (-1: all merged).
+
+    A lost race is counted and left to the next round, which re-reads the base.
+    """
+    base = table.dataset()
+    if _settle_claims(table, base, tallies):
+        return 0
+    merged_through = table.compacted_generations(base.version)
+    todo = {s: [g for g in targets[s] if g[0] > merged_through.get(s, 0)] for s in tallies}
+    passes = _plan_passes(table, base, {s: t for s, t in todo.items() if t}, max_rows)
+    if not passes:
+        return -1
+    try:
+        version, deleted = _commit_passes(table, base, passes)
+    except OSError as exc:
+        _count_conflict(exc, [tallies[p.shard_id] for p in passes])
+        return 0
+    for shard_pass in passes:
+        tallies[shard_pass.shard_id].committed(shard_pass, version)
+    return deleted
 
 
 def _count_conflict(exc: OSError, tallies: list[_ShardTally]) -> None:
@@ -356,14 +370,11 @@ def _settle_claims(table: TableHandle, base: lance.LanceDataset, tallies: dict[s
 
     Losing the marker commit is fine: the winner may have settled the claims already.
     """
-    claims = table.unsettled_claims(base.version)
-    if not claims:
-        return False
     try:
-        settle_claims(table, base)
+        return bool(settle_claims(table, base))
     except OSError as exc:
-        _count_conflict(exc, [tallies[s] for s in claims if s in tallies])
-    return True
+        _count_conflict(exc, [tallies[s] for s in table.unsettled_claims(base.version) if s in tallies])
+        return True
 
 
 def _plan_passes(
@@ -404,6 +415,7 @@ def _run_is_usable(run: PendingRun, todo: Sequence[tuple[int, str]], present: se
 
 
 def _run_pass(run: PendingRun, columns: pa.Schema, primary_key: list[str]) -> _ShardPass:
+    """The run's changes as a pass, with the addresses of the base rows they supersede."""
     changes = conform(run.changes, columns)
     dead = changes[TOMBSTONE_COLUMN].combine_chunks()
     addresses = run.base_rows.to_numpy()
