@@ -116,8 +116,8 @@ def commit_data(base: lance.LanceDataset, operation: LanceOperation.Update, clai
     return lance.LanceDataset.commit(base, transaction, max_retries=0).version
 
 
-def commit_marker(base: lance.LanceDataset, primary_key: Sequence[str], claims: Mapping[str, int]) -> int:
-    """Move each shard's compacted marker up to its claim, committing no data; the new base version.
+def commit_marker(base: lance.LanceDataset, primary_key: Sequence[str], claims: Mapping[str, int]) -> None:
+    """Move each shard's compacted marker up to its claim, committing no data (``base`` moves to that commit).
 
     Raises
     ------
@@ -134,7 +134,6 @@ def commit_marker(base: lance.LanceDataset, primary_key: Sequence[str], claims: 
         .mark_sstables_as_compacted([CompactedSsTable(shard, generation) for shard, generation in claims.items()])
     )
     builder.execute(base.schema.empty_table())
-    return base.version  # merge_insert moved ``base`` to its commit
 
 
 def _with_lock_fragment(base: lance.LanceDataset, operation: LanceOperation.Update) -> LanceOperation.Update:

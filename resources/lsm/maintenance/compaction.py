@@ -307,11 +307,12 @@ def _merge_round(
         return 0
     merged_through = table.compacted_generations(base.version)
     todo = {s: [g for g in targets[s] if g[0] > merged_through.get(s, 0)] for s in tallies}
-    passes = _plan_passes(table, base, {s: t for s, t in todo.items() if t}, max_rows)
+    present = fragment_ids(base)
+    passes = _plan_passes(table, base, present, {s: t for s, t in todo.items() if t}, max_rows)
     if not passes:
         return -1
     try:
-        version, deleted = _commit_passes(table, base, passes)
+        version, deleted = _commit_passes(table, base, present, passes)
     except OSError as exc:
         _count_conflict(exc, [tallies[p.shard_id] for p in passes])
         return 0
@@ -378,18 +379,24 @@ def _settle_claims(table: TableHandle, base: lance.LanceDataset, tallies: dict[s
 
 
 def _plan_passes(
-    table: TableHandle, base: lance.LanceDataset, todo: dict[str, Sequence[tuple[int, str]]], max_rows: int
+    table: TableHandle,
+    base: lance.LanceDataset,
+    present: set[int],
+    todo: dict[str, Sequence[tuple[int, str]]],
+    max_rows: int,
 ) -> list[_ShardPass]:
-    """The next commit's passes: every shard that has a usable pending run, else generations read afresh."""
+    """The next commit's passes: every shard that has a usable pending run, else generations read afresh.
+
+    ``present`` holds ``base``'s fragment ids (none: an empty base).
+    """
     if not todo:
         return []
-    present = fragment_ids(base)
     if present:
         passes = _run_passes(table, base, todo, present)
         if passes:
             return passes
     # An empty base serializes merges on the marker alone: one generation per shard and commit.
-    return _read_passes(table, todo, max_rows, generations_per_shard=None if present else 1)
+    return _read_passes(table, base, todo, max_rows, generations_per_shard=None if present else 1)
 
 
 def _run_passes(
@@ -432,6 +439,7 @@ def _run_pass(run: PendingRun, columns: pa.Schema, primary_key: list[str]) -> _S
 
 def _read_passes(
     table: TableHandle,
+    base: lance.LanceDataset,
     todo: dict[str, Sequence[tuple[int, str]]],
     max_rows: int,
     *,
@@ -445,7 +453,7 @@ def _read_passes(
     to one per key.
     """
     # The latest base's columns: they include any added after ``table`` was opened (older rows get nulls).
-    columns = empty_tail(table.dataset().schema).schema
+    columns = empty_tail(base.schema).schema
     passes: list[_ShardPass] = []
     rows = 0
     for shard_id, generations in todo.items():
@@ -478,7 +486,9 @@ def _resolve(shard_id: str, generations: tuple[int, ...], rows: pa.Table, primar
     )
 
 
-def _commit_passes(table: TableHandle, base: lance.LanceDataset, passes: list[_ShardPass]) -> tuple[int, int]:
+def _commit_passes(
+    table: TableHandle, base: lance.LanceDataset, present: set[int], passes: list[_ShardPass]
+) -> tuple[int, int]:
     """Commit the passes' data, claiming each shard's last generation; the base version and rows deleted.
 
     The marker follows in the next round (:func:`_settle_claims`), except on
@@ -493,7 +503,7 @@ def _commit_passes(table: TableHandle, base: lance.LanceDataset, passes: list[_S
         )
         return commit_data(base, operation, claims), sum(p.base_rows_deleted for p in passes)
     builder = _merge_insert(base, list(table.primary_key), passes, upserts)
-    if not fragment_ids(base):
+    if not present:
         builder = builder.mark_sstables_as_compacted([CompactedSsTable(s, g) for s, g in claims.items()])
         stats: dict[str, Any] = builder.execute(upserts)  # Lance's merge_insert counters
         return base.version, int(stats["num_deleted_rows"])  # merge_insert moved ``base`` to its commit

@@ -174,10 +174,9 @@ def _cleanup_base_versions(table: TableHandle, older_than: timedelta | None, ret
     """
     dataset = table.dataset()
     try:
-        settle_claims(table, dataset)
+        settle_claims(table, dataset)  # a marker commit moves ``dataset`` to it
     except OSError:
         return Reclaimed()  # a concurrent merge is settling it: the next collection removes the versions
-    dataset = table.dataset()
     # Tagged versions are kept (and keep their generations alive via rule 1).
     stats = dataset.cleanup_old_versions(
         older_than=older_than, retain_versions=retain_versions, error_if_tagged_old_versions=False
