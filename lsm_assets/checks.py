@@ -43,7 +43,7 @@ from pydantic import Field
 from resources.declared_table import DeclaredTable
 from resources.gx_resource import GreatExpectationsResource
 
-from .table_context import DEFAULT_TABLE, GX_RESOURCE, config_with_defaults, open_table
+from .table_context import DEFAULT_TABLE, GX_RESOURCE, StepConfig, open_table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -257,6 +257,9 @@ class DrillCheckConfig(ScratchConfig):
     batches_per_generation: int = Field(default=3, description="Batches between the writer's flushes.")
 
 
+DRILL_CHECK_CONFIG = StepConfig(DrillCheckConfig, lambda table: {"sample_rows": table.quality.sample_rows})
+
+
 def _reconciliation(table: "LsmTable", config: ScratchConfig) -> AssetCheckResult:
     """The ``row_count_reconciles`` result for ``table``."""
     from resources.lsm.quality.reconciliation import probe_reconciliation
@@ -404,30 +407,22 @@ def _asset_checks(table: DeclaredTable, asset: str) -> AssetChecksDefinition:
     key = AssetKey(table.asset_key(asset))
     checks = {c.name: c for c in CHECKS if c.asset == asset}
     specs = [AssetCheckSpec(c.name, asset=key, description=c.description, blocking=c.blocking) for c in checks.values()]
-    define = multi_asset_check(
+    configured = any(c.configured for c in checks.values())
+
+    @multi_asset_check(
         name=table.job_name(f"{asset}_checks"),
         specs=specs,
         can_subset=True,
         required_resource_keys={table.resource_key, GX_RESOURCE},
+        config_schema=DRILL_CHECK_CONFIG.schema(table) if configured else None,
     )
-
-    def evaluate(context: AssetCheckExecutionContext, config: DrillCheckConfig) -> Iterator[AssetCheckResult]:
+    def asset_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
+        config = DRILL_CHECK_CONFIG.resolve(context, table)
         lsm = open_table(context, table)
         for name in (n for n in checks if AssetCheckKey(key, n) in context.selected_asset_check_keys):
             yield checks[name].evaluate(lsm, context.resources.gx, config)._replace(asset_key=key, check_name=name)
 
-    if not any(c.configured for c in checks.values()):
-
-        def unconfigured_checks(context: AssetCheckExecutionContext) -> Iterator[AssetCheckResult]:
-            yield from evaluate(context, DrillCheckConfig())
-
-        return define(unconfigured_checks)
-    config_class = config_with_defaults(DrillCheckConfig, table, sample_rows=table.quality.sample_rows)
-
-    def configured_checks(context: AssetCheckExecutionContext, config: config_class) -> Iterator[AssetCheckResult]:
-        yield from evaluate(context, config)
-
-    return define(configured_checks)
+    return asset_checks
 
 
 def _check_key(name: str) -> AssetCheckKey:

@@ -28,7 +28,7 @@ from resources.settings import landing_dir, quarantine_dir
 from .table_context import (
     DEFAULT_TABLE,
     SPARK_RESOURCE,
-    config_with_defaults,
+    StepConfig,
     open_table,
     table_asset,
     version_metadata,
@@ -322,35 +322,48 @@ def ingestion_assets(table: DeclaredTable) -> list[AssetsDefinition]:
     return [*landing, _ingested_changes(table, deps=landing)]
 
 
-def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
+def _demo_defaults(table: DeclaredTable) -> dict[str, Any]:
+    """``table``'s declared demo stream, as :class:`LandingChangesConfig` defaults."""
     demo = table.demo or DemoDeclaration()
-    config_class = config_with_defaults(
-        LandingChangesConfig,
-        table,
-        num_keys=demo.num_keys,
-        num_batches=demo.num_batches,
-        batch_size=demo.batch_size,
-        file_format=demo.format,
-    )
+    return {
+        "num_keys": demo.num_keys,
+        "num_batches": demo.num_batches,
+        "batch_size": demo.batch_size,
+        "file_format": demo.format,
+    }
 
-    @table_asset(table, "landing_changes", kinds={"python", "parquet"})
-    def landing_changes(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
+
+LANDING_CHANGES_CONFIG = StepConfig(LandingChangesConfig, _demo_defaults)
+INGEST_CONFIG = StepConfig(IngestConfig, ingest_defaults)
+
+
+def _landing_changes(table: DeclaredTable) -> AssetsDefinition:
+    @table_asset(
+        table, "landing_changes", kinds={"python", "parquet"}, config_schema=LANDING_CHANGES_CONFIG.schema(table)
+    )
+    def landing_changes(context: AssetExecutionContext) -> MaterializeResult:
         """A generated change stream of the table's columns written as landing files (upserts, deletes,
         re-inserts, out-of-order ``_seq``, optionally malformed rows), named to sort after earlier ones."""
+        config = LANDING_CHANGES_CONFIG.resolve(context, table)
         return MaterializeResult(metadata=write_landing(context, config, table.landing_dir, open_table(context, table)))
 
     return landing_changes
 
 
 def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> AssetsDefinition:
-    @table_asset(table, "ingested_changes", deps=deps, kinds={"spark", "lance"}, resources=[SPARK_RESOURCE])
-    def ingested_changes(
-        context: AssetExecutionContext,
-        config: config_with_defaults(IngestConfig, table, **ingest_defaults(table)),
-    ) -> MaterializeResult:
+    @table_asset(
+        table,
+        "ingested_changes",
+        deps=deps,
+        kinds={"spark", "lance"},
+        resources=[SPARK_RESOURCE],
+        config_schema=INGEST_CONFIG.schema(table),
+    )
+    def ingested_changes(context: AssetExecutionContext) -> MaterializeResult:
         """Every pending landing file, validated, routed by Lance's hash and made durable in
         the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
         file, row and reason; a file is recorded as ingested only after its rows are durable."""
+        config = INGEST_CONFIG.resolve(context, table)
         lsm = open_table(context, table)
         metadata = ingest(context, config, context.resources.spark.spark_session, lsm)
         if not metadata["files"]:

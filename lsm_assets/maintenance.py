@@ -20,7 +20,7 @@ from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
 from .live_writers import live_writer_runs
-from .table_context import DEFAULT_TABLE, config_with_defaults, open_table, table_asset, version_metadata
+from .table_context import DEFAULT_TABLE, StepConfig, open_table, table_asset, version_metadata
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable, ShardCompaction, ShardState
@@ -55,6 +55,21 @@ class GcConfig(Config):
         default=DEFAULT_GRACE_SECONDS, description="Keep consumed WAL entries younger than this."
     )
     version_retention_hours: float = Field(default=1.0, description="Keep base versions newer than this.")
+
+
+def _gc_defaults(table: DeclaredTable) -> dict[str, Any]:
+    """``table``'s declared GC settings, as :class:`GcConfig` defaults."""
+    gc = table.gc
+    return {
+        "orphan_grace_seconds": gc.orphan_grace_seconds,
+        "wal_grace_seconds": gc.wal_grace_seconds,
+        "version_retention_hours": gc.version_retention_hours,
+    }
+
+
+FLUSH_CONFIG = StepConfig(FlushConfig)
+MERGE_CONFIG = StepConfig(MergeConfig)
+GC_CONFIG = StepConfig(GcConfig, _gc_defaults)
 
 
 def selected_shards(table: "LsmTable", buckets: list[int] | None) -> list["ShardState"]:
@@ -141,11 +156,14 @@ def _quiet(context: AssetExecutionContext, state: "ShardState", live_runs: list[
 
 
 def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> AssetsDefinition:
-    @table_asset(table, "flushed_generations", deps=[ingested], kinds={"lance"})
-    def flushed_generations(context: AssetExecutionContext, config: FlushConfig) -> MaterializeResult:
+    @table_asset(
+        table, "flushed_generations", deps=[ingested], kinds={"lance"}, config_schema=FLUSH_CONFIG.schema(table)
+    )
+    def flushed_generations(context: AssetExecutionContext) -> MaterializeResult:
         """Shards' WAL data not yet in a generation (a crashed or idle writer's), replayed by
         a new writer and flushed into a generation, and each shard's pending generations
         resolved into a stored pending run for readers. Shards with a live writer are not flushed."""
+        config = FLUSH_CONFIG.resolve(context, table)
         lsm = open_table(context, table)
         return MaterializeResult(metadata=flush_shards(context, lsm, config, table.name) | version_metadata(lsm))
 
@@ -203,12 +221,20 @@ def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:
 
 
 def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefinition:
-    @table_asset(table, "merged_base", deps=[flushed], kinds={"lance"}, pool=f"lsm_merge/{table.name}")
-    def merged_base(context: AssetExecutionContext, config: MergeConfig) -> MaterializeResult:
+    @table_asset(
+        table,
+        "merged_base",
+        deps=[flushed],
+        kinds={"lance"},
+        pool=f"lsm_merge/{table.name}",
+        config_schema=MERGE_CONFIG.schema(table),
+    )
+    def merged_base(context: AssetExecutionContext) -> MaterializeResult:
         """The base table with shards' flushed generations merged in: newest wins, tombstones
         become deletes; each pass a data commit claiming its generations, then the compacted markers
         (idempotent, crash-safe; join-free where pending runs hold the superseded rows).
         The merge guards run first; a failed guard stops the run before anything is merged."""
+        config = MERGE_CONFIG.resolve(context, table)
         lsm = open_table(context, table)
         shards = selected_shards(lsm, config.shards)
         enforce_merge_guards(context, lsm, [s.bucket for s in shards], flushed.key)
@@ -241,19 +267,11 @@ def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: G
 
 
 def _garbage_collected(table: DeclaredTable, merged: AssetsDefinition) -> AssetsDefinition:
-    gc = table.gc
-    config_class = config_with_defaults(
-        GcConfig,
-        table,
-        orphan_grace_seconds=gc.orphan_grace_seconds,
-        wal_grace_seconds=gc.wal_grace_seconds,
-        version_retention_hours=gc.version_retention_hours,
-    )
-
-    @table_asset(table, "garbage_collected", deps=[merged], kinds={"lance"})
-    def garbage_collected(context: AssetExecutionContext, config: config_class) -> MaterializeResult:
+    @table_asset(table, "garbage_collected", deps=[merged], kinds={"lance"}, config_schema=GC_CONFIG.schema(table))
+    def garbage_collected(context: AssetExecutionContext) -> MaterializeResult:
         """Storage reclaimed: merged generations no retained base version needs, consumed WAL
         entries, orphan generation directories past their grace period, old base versions, retired pending runs."""
+        config = GC_CONFIG.resolve(context, table)
         return MaterializeResult(metadata=collect_garbage(context, open_table(context, table), config))
 
     return garbage_collected

@@ -29,7 +29,7 @@ from .ingestion import IngestConfig, ingest, ingest_defaults, pending_run_metada
 from .table_context import (
     DEFAULT_TABLE,
     SPARK_RESOURCE,
-    config_with_defaults,
+    StepConfig,
     open_table,
     table_resource,
     version_metadata,
@@ -45,14 +45,18 @@ class ContinuousIngestConfig(IngestConfig):
     stop_after_idle_polls: int = Field(default=0, description="Stop after this many empty polls (0: never).")
 
 
+CONTINUOUS_INGEST_CONFIG = StepConfig(ContinuousIngestConfig, ingest_defaults)
+
+
 def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
     """The op of ``table``'s continuous ingestion job."""
 
-    @op(name=table.job_name("ingest_continuously"), required_resource_keys={table.resource_key, SPARK_RESOURCE})
-    def ingest_continuously(
-        context: OpExecutionContext,
-        config: config_with_defaults(ContinuousIngestConfig, table, **ingest_defaults(table)),
-    ) -> None:
+    @op(
+        name=table.job_name("ingest_continuously"),
+        required_resource_keys={table.resource_key, SPARK_RESOURCE},
+        config_schema=CONTINUOUS_INGEST_CONFIG.schema(table),
+    )
+    def ingest_continuously(context: OpExecutionContext) -> None:
         """Ingest landing files as they arrive until the run is terminated (or idle long enough).
 
         Spark stages each micro-batch (read, validate, route, sort); its rows are
@@ -63,6 +67,7 @@ def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
         micro-batch is either recorded or left for the next run, the writers are
         flushed and closed, and the step ends successfully.
         """
+        config = CONTINUOUS_INGEST_CONFIG.resolve(context, table)
         ingested = AssetKey(table.asset_key("ingested_changes"))
         with claimed_writers(table_resource(context, table), context.log) as session:
             _ingest_until_stopped(context, config, context.resources.spark, session, ingested)
