@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
-from .key_sets import rows_of_keys, semi_join_stream
+from .key_sets import key_join, rows_of_keys, semi_join_stream
 
 _SCAN_ROWS_PER_INDEXED_KEY = 500
 """Base rows a key-column scan (and join) reads in the time a BTREE ``IN`` query spends per key.
@@ -119,15 +119,27 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key), primary_key, ROW_ADDRESS)
 
 
-def count_base_rows(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> int:
-    """How many base rows hold one of ``keys``: every such row, as a scan dropping those keys drops them all."""
-    return _base_rows_of(dataset, keys, primary_key).num_rows if keys.num_rows else 0
+def count_base_rows(
+    dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str], besides: DeletionVector
+) -> int:
+    """How many base rows hold one of ``keys`` and are not in ``besides``.
+
+    Every such row, as a scan dropping those keys drops them all; a row that
+    ``besides`` drops already (a run's key changed again in a newer level) is
+    not counted twice.
+    """
+    if not keys.num_rows:
+        return 0
+    addresses = _base_rows_of(dataset, keys, primary_key).column(ROW_ADDRESS).to_numpy()
+    return int(besides.keep_mask(addresses).sum())
 
 
 def _base_rows_of(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Table:
     """The key columns and row address of every base row holding one of ``keys`` (through the index when few)."""
     if keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows():
-        return dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+        found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+        # A key of several columns is filtered on one of them: other keys' rows come too.
+        return found if len(primary_key) == 1 else key_join(found, keys, primary_key, "left semi")
     scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
     return pa.Table.from_batches(semi_join_stream(scan, keys.select(primary_key)), scan.schema)
 

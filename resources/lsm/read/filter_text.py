@@ -7,9 +7,6 @@ turns both into what a caller means.
 
 from __future__ import annotations
 
-import operator
-from functools import reduce
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -58,13 +55,17 @@ def in_list(column: str, values: list[int | str]) -> str:
 def keys_filter(keys: pa.Table, key: list[str]) -> str | pc.Expression:
     """A Lance filter matching every row whose key is in ``keys``: exact for one column, a superset for more.
 
-    Integer and string keys become SQL ``IN`` lists (Lance's Arrow-expression
+    A key of several columns is filtered on one column only, the one with the
+    most distinct values among ``keys`` (callers narrow the rows by key): Lance
+    answers each indexed ``IN`` through its BTREE and intersects the row sets,
+    so a column with few values (a region, a tenant) would make it collect
+    most of the base first (pylance 14.0.2, 64Mi rows, 1,000 keys of
+    ``(region, id)``: 7.0 s against 0.18 s for ``id`` alone). Integer and
+    string columns become SQL ``IN`` lists (Lance's Arrow-expression
     conversion refuses unsigned-integer literals); other types an Arrow ``isin``.
     """
-    values = {k: pc.unique(keys.column(k)) for k in key}
-    if all(
-        pa.types.is_integer(v.type) or pa.types.is_string(v.type) or pa.types.is_large_string(v.type)
-        for v in values.values()
-    ):
-        return " AND ".join(in_list(k, v.to_pylist()) for k, v in values.items())
-    return reduce(operator.and_, [pc.field(k).isin(v) for k, v in values.items()])
+    column = max(key, key=lambda name: pc.count_distinct(keys.column(name)).as_py())
+    values = pc.unique(keys.column(column))
+    if pa.types.is_integer(values.type) or pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        return in_list(column, values.to_pylist())
+    return pc.field(column).isin(values)

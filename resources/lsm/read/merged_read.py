@@ -230,15 +230,17 @@ def count(snapshot: ReadSnapshot) -> int:
     Each pending key either supersedes its base row or is new, so the view
     holds the base's rows, less those superseded, plus the live pending
     upserts. A trusted run's deletion vector counts the rows its keys
-    supersede; the base rows of the other pending keys are counted through
-    the key index, or one streaming join over the key columns when the keys
-    are many (:func:`~resources.lsm.read.deletion_vector.count_base_rows`).
+    supersede; the base rows of the other pending keys (those the vector
+    does not hold already) are counted through the key index, or one
+    streaming join over the key columns when the keys are many
+    (:func:`~resources.lsm.read.deletion_vector.count_base_rows`).
     The count is the scan's, row for row, even for a base broken from outside
     (a key held twice). The cost follows the change, not the base.
     """
     key = list(snapshot.primary_key)
     levels = resolve_levels(snapshot, key)
-    superseded = len(levels.superseded.addresses) + count_base_rows(snapshot.dataset, levels.joined_keys, key)
+    vector = levels.superseded
+    superseded = len(vector.addresses) + count_base_rows(snapshot.dataset, levels.joined_keys, key, besides=vector)
     live: int = live_rows(levels.changes).num_rows
     return int(snapshot.dataset.count_rows()) - superseded + live
 

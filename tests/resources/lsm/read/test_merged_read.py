@@ -7,6 +7,7 @@ import threading
 from datetime import timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from resources.lsm import LsmTable
@@ -215,3 +216,46 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_by_one_join(tmp_pa
     assert read.schema == table.schema  # the not-null key and column types come through the join
     assert len(joins) == (0 if vector else 1)
     assert table.count() == len(expected)
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["keys joined", "pending runs"])
+def test_a_composite_key_whose_parts_recur_in_other_keys_counts_and_reads_each_key_once(tmp_path, runs):
+    # (r0, 5) and (r1, 7) are pending; (r0, 7) and (r1, 5) are base rows no change touches.
+    schema = pa.schema([("region", pa.string()), ("seq", pa.int64()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["region", "seq"], num_shards=2)
+    regions = [f"r{r}" for r in range(10) for _ in range(1000)]
+    table.write(pa.table({"region": regions, "seq": list(range(1000)) * 10, "value": [0] * 10_000}, schema=schema))
+    table.close()
+    table.compact()
+    table.write(pa.table({"region": ["r0", "r1"], "seq": [5, 7], "value": [1, 1]}, schema=schema))
+    table.close()
+    if runs:
+        table.build_pending_runs()
+    else:
+        drop_pending_runs(table)
+    fresh = LsmTable.open(table.uri)
+
+    read = fresh.read()
+
+    assert read.num_rows == fresh.count() == 10_000
+    changed = read.filter(pc.equal(read["value"], 1))
+    assert sorted(zip(changed["region"].to_pylist(), changed["seq"].to_pylist(), strict=True)) == [("r0", 5), ("r1", 7)]
+    assert fresh.lookup([("r0", 7), ("r1", 5), ("r0", 5)])["value"].to_pylist() == [0, 0, 1]
+
+
+@pytest.mark.parametrize("newest", ["wal tail", "generation after the run"])
+def test_a_key_of_a_run_changed_again_above_it_supersedes_its_base_row_once(tmp_path, newest):
+    schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
+    table.write(pa.table({"id": [1, 2, 3], "value": [0, 0, 0]}, schema=schema))
+    table.close()
+    table.compact()
+    table.write(pa.table({"id": [1], "value": [1]}, schema=schema))
+    table.close()
+    table.build_pending_runs()  # the run's vector holds key 1's base row
+    table.write(pa.table({"id": [1], "value": [2]}, schema=schema))  # and key 1 changes again above the run
+    if newest != "wal tail":
+        table.close()
+
+    assert table.count() == table.read().num_rows == 3
+    assert table.lookup([1])["value"].to_pylist() == [2]
