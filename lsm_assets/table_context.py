@@ -1,4 +1,4 @@
-"""What every per-table factory needs: the table's resource, and config classes with its defaults."""
+"""What every per-table factory needs: the table's resource, its decorators, and step config shared by every table."""
 
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
