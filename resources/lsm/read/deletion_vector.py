@@ -109,7 +109,7 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     """The address of each key's base row, aligned with ``keys``; null where the base lacks the key.
 
     The base holds each key at most once. Few keys against a large base are
-    found with one ``IN`` query, which the key columns' BTREEs serve
+    found with one ``IN`` query, which a key column's BTREE serves
     (the cost follows the number of keys); otherwise the base's key columns
     are scanned, which is cheaper per key, through one streaming join
     (memory holds the keys and what they find, not the base's key column).
