@@ -10,6 +10,8 @@ the key type (:mod:`resources.lsm.read.merged_read`).
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import Future
 from functools import cached_property
 
 import lance
@@ -19,12 +21,20 @@ import pyarrow as pa
 from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
 from .key_sets import key_join, rows_of_keys, semi_join_stream
+from .level_readers import level_readers
 
-_SCAN_ROWS_PER_INDEXED_KEY = 500
+_SCAN_ROWS_PER_INDEXED_KEY = 5000
 """Base rows a key-column scan (and join) reads in the time a BTREE ``IN`` query spends per key.
 
-pylance 14.0.2, 2 cores: the scan costs 15-18 ns per base row, the query 4-13 us per key (more on
-larger bases): even at 300k and 16M rows at about 500 rows per key."""
+pylance 14.0.2, 2 cores, 64Mi string keys: the scan (and semi-join) of the key column takes 0.84 s;
+an ``IN`` query of 2,000 keys 0.18 s, of 10,000 keys 0.53-0.63 s, of 50,000 keys 1.0-3.3 s (the key
+index pages it touches grow with the keys until they are all of them)."""
+_ROWS_PER_KEY_PER_GROUP = 100
+"""Base rows per key in a group of fragments looked up ahead of a scan (:class:`SupersededRows`).
+
+Each group builds the key set again (about 100 ns per key) and scans its key columns (about 15 ns
+per row): at 100 rows per key the builds cost under a tenth of the scan."""
+_MIN_GROUPS, _MAX_GROUPS = 4, 32
 _DENSE_SPAN_FACTOR = 4
 """A batch whose address span is at most this many times its length is matched through a dense bitmap."""
 
@@ -47,7 +57,7 @@ class DeletionVector:
 
     @classmethod
     def union(cls, vectors: list[DeletionVector]) -> DeletionVector:
-        """Every address of ``vectors``, which must be disjoint (one per shard: keys never share a row)."""
+        """Every address of ``vectors``, for dropping rows: an address in two of them is kept twice."""
         if len(vectors) == 1:
             return vectors[0]
         union = cls(np.empty(0, np.uint64))
@@ -119,6 +129,69 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key), primary_key, ROW_ADDRESS)
 
 
+class SupersededRows:
+    """The base rows holding one of ``keys``, looked up ahead of a scan that drops them.
+
+    The scan reads the base fragment by fragment. The lookup reads only the
+    key columns of the same ``fragments`` (default: all of ``dataset``'s), on
+    the level readers' threads, one task per group of consecutive fragments
+    (:func:`_base_rows_of`: one semi-join over the group's key columns, or
+    one indexed ``IN`` query when the keys are few against the base), so it
+    runs ahead of the scan and a batch waits only for its own fragments'
+    group. Each group builds the key set again, so a group holds at least
+    ``_ROWS_PER_KEY_PER_GROUP`` base rows per key; at least
+    ``_MIN_GROUPS`` let the scan start after a fraction of the lookup.
+    """
+
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        primary_key: list[str],
+        fragments: list[lance.LanceFragment] | None = None,
+    ) -> None:
+        groups = _fragment_groups(fragments or dataset.get_fragments(), keys.num_rows)
+        self._group_of = {fragment.fragment_id: number for number, group in enumerate(groups) for fragment in group}
+        self._found: list[Future[DeletionVector]] = [Future() for _ in groups]
+        level_readers().submit(self._look_up, dataset, keys, primary_key, groups)
+
+    def _look_up(
+        self,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        primary_key: list[str],
+        groups: list[list[lance.LanceFragment]],
+    ) -> None:
+        """Each group in turn, in scan order: one lookup at a time keeps the cores for the scan it runs ahead of."""
+        for group, found in zip(groups, self._found, strict=True):
+            try:
+                rows = _base_rows_of(dataset, keys, primary_key, group)
+            except BaseException as exc:  # the scan raises it when it needs the group
+                found.set_exception(exc)
+                continue
+            found.set_result(DeletionVector(rows.column(ROW_ADDRESS).to_numpy()))
+
+    def keep_mask(self, addresses: np.ndarray) -> np.ndarray:
+        """For each address of a batch the scan read, whether it holds none of the keys (waits for its group)."""
+        if not len(addresses):
+            return np.ones(0, dtype=bool)
+        fragments = addresses >> np.uint64(32)
+        first, last = int(fragments[0]), int(fragments[-1])
+        ids = [first] if first == last and fragments.min() == fragments.max() else np.unique(fragments).tolist()
+        groups = sorted({self._group_of[int(f)] for f in ids})  # the scan reads only the fragments looked up
+        return DeletionVector.union([self._found[g].result() for g in groups]).keep_mask(addresses)
+
+
+def _fragment_groups(fragments: list[lance.LanceFragment], keys: int) -> list[list[lance.LanceFragment]]:
+    """Consecutive groups of ``fragments`` to look ``keys`` keys up in (one group when an indexed query serves)."""
+    rows = sum(fragment.physical_rows for fragment in fragments)
+    if keys * _SCAN_ROWS_PER_INDEXED_KEY < rows or len(fragments) < 2:
+        return [fragments]
+    count = min(_MAX_GROUPS, len(fragments), max(_MIN_GROUPS, rows // (keys * _ROWS_PER_KEY_PER_GROUP)))
+    edges = np.linspace(0, len(fragments), count + 1).round().astype(int).tolist()
+    return [fragments[start:stop] for start, stop in itertools.pairwise(edges)]
+
+
 def count_base_rows(
     dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str], besides: DeletionVector
 ) -> int:
@@ -134,13 +207,25 @@ def count_base_rows(
     return int(besides.keep_mask(addresses).sum())
 
 
-def _base_rows_of(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Table:
-    """The key columns and row address of every base row holding one of ``keys`` (through the index when few)."""
-    if keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < dataset.count_rows():
-        found = dataset.to_table(columns=primary_key, with_row_address=True, filter=keys_filter(keys, primary_key))
+def _base_rows_of(
+    dataset: lance.LanceDataset,
+    keys: pa.Table,
+    primary_key: list[str],
+    fragments: list[lance.LanceFragment] | None = None,
+) -> pa.Table:
+    """The key columns and row address of every base row holding one of ``keys`` (through the index when few).
+
+    ``fragments`` limits the search to those fragments of ``dataset``.
+    """
+    rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
+    indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
+    where = keys_filter(keys, primary_key) if indexed else None
+    scanner = dataset.scanner(columns=primary_key, with_row_address=True, filter=where, fragments=fragments)
+    if indexed:
+        found = scanner.to_table()
         # A key of several columns is filtered on one of them: other keys' rows come too.
         return found if len(primary_key) == 1 else key_join(found, keys, primary_key, "left semi")
-    scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
+    scan = scanner.to_reader()
     return pa.Table.from_batches(semi_join_stream(scan, keys.select(primary_key)), scan.schema)
 
 

@@ -45,7 +45,7 @@ from lance.mem_wal import ShardSnapshot
 from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
-from .deletion_vector import DeletionVector, count_base_rows, fragment_ids
+from .deletion_vector import DeletionVector, SupersededRows, count_base_rows, fragment_ids
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
@@ -124,6 +124,7 @@ def scan(
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
         levels = resolve_levels(snapshot, dataset.schema.names if filter else wanted)
+        superseded = BaseRowFilter(dataset, [levels], key, base.schema)
     except BaseException:
         base.close()
         raise
@@ -131,97 +132,103 @@ def scan(
     if filter:
         live = _filter_sql(live, filter)
     schema = pa.schema([dataset.schema.field(c) for c in columns])
-    older = (batch.select(columns) for batch in BaseRowFilter([levels], key).stream(base))
+    older = (batch.select(columns) for batch in superseded.stream(base))
     newest = live.select(columns).cast(schema).to_batches()
     return pa.RecordBatchReader.from_batches(schema, (b for b in itertools.chain(older, newest) if b.num_rows))
 
 
 class BaseRowFilter:
-    """Drops superseded rows from base batches read with row addresses: by position, then by key."""
+    """Drops superseded rows from base batches read with row addresses: by position, then by key.
 
-    def __init__(self, levels: Sequence[PendingLevels], key: list[str]) -> None:
+    The rows of keys a trusted run covers are dropped by position, through
+    its deletion vector. The keys no trusted vector covers (generations newer
+    than their run, stale or missing runs, the WAL tail) are tested on each
+    batch through a bitmap when they are one integer column of bounded span
+    (one lookup per row). Any other keys are dropped by one streaming hash
+    anti-join (:func:`~resources.lsm.read.key_sets.anti_join_stream`): its
+    key set is built once for the whole scan, where testing batch by batch
+    would build it again for every batch, a cost that follows the base.
+    Arrow's join cannot carry nested columns (vectors, lists): for batches
+    with such columns the keys are first looked up in the base, ahead of the
+    scan (:class:`~resources.lsm.read.deletion_vector.SupersededRows`), and
+    their rows dropped by position too.
+
+    ``schema`` is the batches' (with ``_rowaddr``); ``fragments`` are the
+    base fragments they come from (default: all of ``dataset``'s).
+    """
+
+    def __init__(
+        self,
+        dataset: lance.LanceDataset,
+        levels: Sequence[PendingLevels],
+        key: list[str],
+        schema: pa.Schema,
+        fragments: list[lance.LanceFragment] | None = None,
+    ) -> None:
+        joined = pa.concat_tables([level.joined_keys for level in levels]).combine_chunks()
         self._vector = DeletionVector.union([level.superseded for level in levels])
-        joined = [level.joined_keys for level in levels]
-        self._keys = _KeyFilter(pa.concat_tables(joined).combine_chunks() if len(joined) > 1 else joined[0], key)
-
-    def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """``batch``'s surviving rows, in order, without ``_rowaddr``."""
-        return self._keys.drop_from(self._by_position(batch))
+        self._schema = schema.remove(schema.get_field_index(ROW_ADDRESS))
+        self._bitmap = _KeyBitmap.of(joined, key)
+        by_key = self._bitmap is None and joined.num_rows > 0
+        self._joined = joined if by_key and joinable(self._schema) else None
+        self._rows = SupersededRows(dataset, joined, key, fragments) if by_key and self._joined is None else None
 
     def stream(self, batches: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
-        """The surviving rows of every batch (without ``_rowaddr``), in no particular order across batches.
+        """The surviving rows of every batch (without ``_rowaddr``); in scan order unless keys are joined."""
+        positioned = (self._drop_by_position(batch) for batch in batches)
+        if self._joined is None:
+            return positioned
+        return anti_join_stream(pa.RecordBatchReader.from_batches(self._schema, positioned), self._joined)
 
-        Keys no bitmap can test are dropped by one streaming hash anti-join
-        (:func:`~resources.lsm.read.key_sets.anti_join_stream`): its key set
-        is built once for the whole scan, where testing batch by batch would
-        build it again for every batch, a cost that follows the base.
-        """
-        schema = batches.schema.remove(batches.schema.get_field_index(ROW_ADDRESS))
-        positioned = (self._by_position(batch) for batch in batches)
-        if not self._keys.needs_join(schema):
-            yield from (self._keys.drop_from(batch) for batch in positioned)
-            return
-        yield from anti_join_stream(pa.RecordBatchReader.from_batches(schema, positioned), self._keys.keys)
-
-    def _by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
+    def _drop_by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        addresses = batch.column(ROW_ADDRESS).to_numpy()
+        keep = self._vector.keep_mask(addresses)
+        if self._rows is not None:
+            keep &= self._rows.keep_mask(addresses)
         batch = batch.drop_columns([ROW_ADDRESS])
+        if self._bitmap is not None:
+            keep &= ~self._bitmap.found(batch)
         return batch if keep.all() else rows_where(batch, keep)
 
 
-class _KeyFilter:
-    """A fixed set of keys, prepared once to drop its keys from many base batches.
+class _KeyBitmap:
+    """One integer key column's values as a bitmap over their range: a batch costs one array lookup per row.
 
-    A single integer key whose values span a bounded range (sequence ids, the
-    usual case) becomes a bitmap indexed by value, one bit per value, so a
-    batch costs one array lookup per row; Arrow's hash-set test would rebuild
-    its set for every batch, and a streaming hash join costs a probe per base
-    row. Other keys go through :func:`key_join`.
+    Sequence ids, the usual integer keys, span a bounded range.
     """
 
     _MAX_SPAN = 1 << 28
     """Widest value range given a bitmap (32 MiB of bits; 8 MiB for 64Mi dense ids)."""
 
-    def __init__(self, keys: pa.Table, key: list[str]) -> None:
-        self._keys, self._key = keys, key
-        self._bitmap: np.ndarray | None = None
-        values = keys.column(0) if len(key) == 1 else None
-        if values is not None and keys.num_rows and pa.types.is_integer(values.type) and not values.null_count:
-            self._low, high = pc.min(values).as_py(), pc.max(values).as_py()
-            if high - self._low < self._MAX_SPAN:
-                present = np.zeros(high - self._low + 1, dtype=bool)
-                present[values.to_numpy() - self._low] = True
-                self._bitmap = np.packbits(present, bitorder="little")
-                self._span = len(present)
+    @classmethod
+    def of(cls, keys: pa.Table, key: list[str]) -> _KeyBitmap | None:
+        """The bitmap of ``keys``, if they are one integer column of bounded span (and not empty)."""
+        if len(key) != 1 or not keys.num_rows:
+            return None
+        values = keys.column(0)
+        if not pa.types.is_integer(values.type) or values.null_count:
+            return None
+        low, high = pc.min(values).as_py(), pc.max(values).as_py()
+        return cls(key[0], values.to_numpy(), low, high) if high - low < cls._MAX_SPAN else None
 
-    @property
-    def keys(self) -> pa.Table:
-        return self._keys
+    def __init__(self, column: str, values: np.ndarray, low: int, high: int) -> None:
+        present = np.zeros(high - low + 1, dtype=bool)
+        present[values - low] = True
+        self._column, self._low, self._span = column, low, len(present)
+        self._bits = np.packbits(present, bitorder="little")
 
-    def needs_join(self, schema: pa.Schema) -> bool:
-        """Whether a scan of ``schema`` should drop these keys with one streaming join rather than batch by batch.
-
-        A bitmap tests a batch in one lookup per row, and no keys need no
-        test; Arrow's join cannot carry nested columns (lists, structs), so
-        those scans test batch by batch too.
-        """
-        return bool(self._keys.num_rows) and self._bitmap is None and joinable(schema)
-
-    def drop_from(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """``batch``'s rows whose key is not in the set, in order."""
-        if not self._keys.num_rows:
-            return batch
-        column = batch.column(self._key[0])
-        if self._bitmap is None or column.null_count:
-            found = key_mask(pa.Table.from_batches([batch]), self._keys, self._key)
-        else:
-            values = column.to_numpy()
-            offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
-            in_range = (values >= self._low) & (offsets >= 0) & (offsets < self._span)
-            found = np.zeros(len(values), dtype=bool)
-            inside = offsets[in_range]
-            found[in_range] = (self._bitmap[inside >> 3] >> (inside & 7).astype(np.uint8)) & 1 == 1
-        return rows_where(batch, ~found) if found.any() else batch
+    def found(self, batch: pa.RecordBatch) -> np.ndarray:
+        """For each row of ``batch``, whether its key is in the bitmap (a null key never is)."""
+        column = batch.column(self._column)
+        values = pc.fill_null(column, self._low).to_numpy()
+        offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
+        in_range = (values >= self._low) & (offsets >= 0) & (offsets < self._span)
+        if column.null_count:
+            in_range &= column.is_valid().to_numpy(zero_copy_only=False)
+        found = np.zeros(len(values), dtype=bool)
+        inside = offsets[in_range]
+        found[in_range] = (self._bits[inside >> 3] >> (inside & 7).astype(np.uint8)) & 1 == 1
+        return found
 
 
 def count(snapshot: ReadSnapshot) -> int:

@@ -254,11 +254,12 @@ class LsmReader(DataSourceReader):
         where = filter_expression(self.filters, self.table_schema)
         wanted = self.columns + [k for k in self.primary_key if k not in self.columns]
         if partition.fragment_ids:
-            superseded = BaseRowFilter(levels, self.primary_key)
             # Ids of the pinned version's own fragments: none is missing.
             fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
             scanner = dataset.scanner(columns=wanted, filter=where, fragments=fragments, with_row_address=True)
-            for base in superseded.stream(scanner.to_reader()):
+            batches = scanner.to_reader()
+            superseded = BaseRowFilter(dataset, levels, self.primary_key, batches.schema, fragments)
+            for base in superseded.stream(batches):
                 if base.num_rows:
                     yield from self._output(pa.Table.from_batches([base]))
         live = live_rows(levels[partition.index].changes)

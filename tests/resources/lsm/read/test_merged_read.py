@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import threading
+from collections.abc import Sequence
 from datetime import timedelta
 
+import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -75,32 +77,36 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
 @pytest.mark.parametrize(
     "pending",
     [
-        [5, 6, 7, 1000],  # a narrow range: the bitmap
+        [5, 6, 7, 1000],  # a narrow range
         [-1, 7, 8, 200_000_000],  # a wide range, still a bitmap (one bit per value; 7 and 8 in two bytes)
         [-3, 0, 2, 9],  # negative keys
-        [-(2**63), 0, 2**63 - 1],  # a range too wide for a bitmap: Arrow's hash set
-        [],
     ],
 )
-def test_key_filter_drops_exactly_the_pending_keys(pending):
-    base = pa.record_batch(
-        {
-            "id": pa.array([-(2**63), -3, -1, 0, 5, 8, 1000, 2**63 - 1, 7], pa.int64()),
-            "v": pa.array(range(9), pa.int64()),
-        }
-    )
-    keys = pa.table({"id": pa.array(pending, pa.int64())})
-    kept = merged_read._KeyFilter(keys, ["id"]).drop_from(base)
-    assert kept["id"].to_pylist() == [k for k in base["id"].to_pylist() if k not in pending]
-    assert kept["v"].to_pylist() == [
-        v for k, v in zip(base["id"].to_pylist(), range(9), strict=True) if k not in pending
-    ]
+def test_key_bitmap_finds_exactly_the_pending_keys(pending):
+    base = pa.record_batch({"id": pa.array([-(2**63), -3, -1, 0, 5, None, 8, 1000, 2**63 - 1, 7], pa.int64())})
+    bitmap = merged_read._KeyBitmap.of(pa.table({"id": pa.array(pending, pa.int64())}), ["id"])
+    assert bitmap is not None
+    assert bitmap.found(base).tolist() == [k in pending for k in base["id"].to_pylist()]
 
 
-def test_key_filter_on_unsigned_keys_drops_exactly_the_pending_keys():
+def test_key_bitmap_on_unsigned_keys_finds_exactly_the_pending_keys():
     base = pa.record_batch({"id": pa.array([0, 3, 8, 9, 2**64 - 1], pa.uint64())})
-    keys = pa.table({"id": pa.array([3, 9, 2**20], pa.uint64())})
-    assert merged_read._KeyFilter(keys, ["id"]).drop_from(base)["id"].to_pylist() == [0, 8, 2**64 - 1]
+    bitmap = merged_read._KeyBitmap.of(pa.table({"id": pa.array([3, 9, 2**20], pa.uint64())}), ["id"])
+    assert bitmap is not None
+    assert bitmap.found(base).tolist() == [False, True, False, True, False]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pa.table({"id": pa.array([-(2**63), 0, 2**63 - 1], pa.int64())}),  # too wide a range
+        pa.table({"id": pa.array([], pa.int64())}),
+        pa.table({"id": ["a", "b"]}),
+    ],
+    ids=["too wide", "empty", "string"],
+)
+def test_keys_a_bitmap_cannot_hold_get_none(keys):
+    assert merged_read._KeyBitmap.of(keys, ["id"]) is None
 
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
@@ -178,26 +184,29 @@ KEYS_WITHOUT_BITMAP = {
 
 @pytest.mark.parametrize("key_type", KEYS_WITHOUT_BITMAP, ids=list(KEYS_WITHOUT_BITMAP))
 @pytest.mark.parametrize("vector", [False, True], ids=["flat", "with a vector column"])
-def test_pending_keys_without_a_run_are_dropped_from_the_base_by_one_join(tmp_path, monkeypatch, key_type, vector):
+@pytest.mark.parametrize("many", [False, True], ids=["few keys", "many keys"])
+def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
+    tmp_path, monkeypatch, key_type, vector, many
+):
     arrow_type, key_of = KEYS_WITHOUT_BITMAP[key_type]
     fields = [pa.field("id", arrow_type), pa.field("value", pa.int64())]
-    if vector:  # a nested column: Arrow's join cannot carry it, so batches are tested one by one
+    if vector:  # a nested column: Arrow's join cannot carry it, so the keys' rows are looked up first
         fields.append(pa.field("vec", pa.list_(pa.float32(), 2)))
     schema = pa.schema(fields)
     table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
 
-    def rows(keys: range, value: int) -> pa.Table:
+    def rows(keys: Sequence[int], value: int) -> pa.Table:
         columns = {"id": pa.array([key_of(i) for i in keys], arrow_type), "value": [value] * len(keys)}
         if vector:
             columns["vec"] = pa.array([[float(i), 0.0] for i in keys], pa.list_(pa.float32(), 2))
         return pa.table(columns, schema=schema)
 
-    table.write(rows(range(2000), 0))
-    table.close()
-    table.compact()
-    table.write(rows(range(0, 2000, 7), 1))  # pending upserts without a run: only a key join drops their base rows
-    deleted = pa.array([key_of(i) for i in range(3, 2000, 11)], arrow_type)
-    table.write(pa.table({"id": deleted, "_op": ["delete"] * len(deleted)}))
+    # A base of several fragments, so the lookup ahead of the scan works group by group.
+    lance.write_dataset(rows(range(20_000), 0), table.uri, mode="append", max_rows_per_file=2500)
+    # Few keys against the base are looked up through the key index, many by scanning the key column.
+    updated, deleted = (range(0, 20_000, 7), range(3, 20_000, 11)) if many else ([7], [19_999])
+    table.write(rows(updated, 1))  # pending changes without a run: dropped from the base by key
+    table.write(pa.table({"id": pa.array([key_of(i) for i in deleted], arrow_type), "_op": ["delete"] * len(deleted)}))
     table.close()
     drop_pending_runs(table)
     joins: list[int] = []
@@ -207,14 +216,27 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_by_one_join(tmp_pa
         "anti_join_stream",
         lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
     )
+    looked_up: list[int] = []
+
+    class Counted(merged_read.SupersededRows):
+        def __init__(self, dataset, keys, *args):
+            looked_up.append(keys.num_rows)
+            super().__init__(dataset, keys, *args)
+
+    monkeypatch.setattr(merged_read, "SupersededRows", Counted)
 
     read = table.read()
 
-    expected = {key_of(i): 1 if i % 7 == 0 else 0 for i in range(2000) if i % 11 != 3}
+    expected = {key_of(i): 1 if i in updated else 0 for i in range(20_000) if i not in deleted}
     assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
     assert read.num_rows == len(expected)
-    assert read.schema == table.schema  # the not-null key and column types come through the join
-    assert len(joins) == (0 if vector else 1)
+    assert read.schema == table.schema  # the not-null key and column types come through
+    changed = len({*updated, *deleted})
+    assert (joins, looked_up) == (([], [changed]) if vector else ([changed], []))  # once for the whole scan
+    if vector:  # dropped by position: the base rows keep their scan order
+        gone = {key_of(i) for i in [*updated, *deleted]}
+        base_order = [k for k in lance.dataset(table.uri).to_table()["id"].to_pylist() if k not in gone]
+        assert read["id"].to_pylist()[: len(base_order)] == base_order
     assert table.count() == len(expected)
 
 
