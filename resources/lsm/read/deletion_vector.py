@@ -150,7 +150,7 @@ class SupersededRows:
         primary_key: list[str],
         fragments: list[lance.LanceFragment] | None = None,
     ) -> None:
-        groups = _fragment_groups(fragments or dataset.get_fragments(), keys.num_rows)
+        groups = _fragment_groups(dataset.get_fragments() if fragments is None else fragments, keys.num_rows)
         self._group_of = {fragment.fragment_id: number for number, group in enumerate(groups) for fragment in group}
         self._found: list[Future[DeletionVector]] = [Future() for _ in groups]
         level_readers().submit(self._look_up, dataset, keys, primary_key, groups)
@@ -186,7 +186,7 @@ def _fragment_groups(fragments: list[lance.LanceFragment], keys: int) -> list[li
     """Consecutive groups of ``fragments`` to look ``keys`` keys up in (one group when an indexed query serves)."""
     rows = sum(fragment.physical_rows for fragment in fragments)
     if keys * _SCAN_ROWS_PER_INDEXED_KEY < rows or len(fragments) < 2:
-        return [fragments]
+        return [fragments] if fragments else []
     count = min(_MAX_GROUPS, len(fragments), max(_MIN_GROUPS, rows // (keys * _ROWS_PER_KEY_PER_GROUP)))
     edges = np.linspace(0, len(fragments), count + 1).round().astype(int).tolist()
     return [fragments[start:stop] for start, stop in itertools.pairwise(edges)]

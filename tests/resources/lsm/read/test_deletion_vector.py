@@ -7,9 +7,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from resources.lsm import LsmTable
 from resources.lsm.format.schema import ROW_ADDRESS
 from resources.lsm.read import deletion_vector
 from resources.lsm.read.deletion_vector import SupersededRows
+from tests.helpers import drop_pending_runs
 
 ROWS = 16_000
 
@@ -62,3 +64,13 @@ def test_a_failed_lookup_fails_the_scan_when_it_reaches_that_group(base, monkeyp
     assert rows.keep_mask(first.column(ROW_ADDRESS).to_numpy()).sum() == 975  # the groups before it answer
     with pytest.raises(OSError, match="storage went away"):
         kept(rows, base)
+
+
+def test_a_table_with_a_vector_column_and_nothing_merged_yet_reads_its_pending_rows(tmp_path):
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False), ("vec", pa.list_(pa.float32(), 2))])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
+    table.write(pa.table({"id": ["a", "b"], "vec": [[1.0, 0.0], [0.0, 1.0]]}, schema=schema))
+    table.close()
+    drop_pending_runs(table)
+
+    assert sorted(table.read()["id"].to_pylist()) == ["a", "b"]
