@@ -13,15 +13,17 @@ alternating pairs):
    over the shards (5% new keys; ``scale.py``'s rows): the merged scan
    (``LsmTable.scanner()`` drained) against the base's ``to_batches()``,
    the first scan of a reader just opened
-   (``LsmTable.open(uri)``) against a plain reader just opened, and
+   (``LsmTable.open(uri)``) against a plain reader just opened,
    ``count()`` against the base scan (Lance's ``count_rows()`` of the base
-   reads only its metadata: recorded, not a fair reference).
+   reads only its metadata: recorded, not a fair reference), and fresh
+   point lookups against Lance's indexed point query on the base (p50 of
+   ``--probes`` each, alternating pairs, each probe a key of its own).
 2. The same once ``build_pending_runs()`` ran, and what building took (wall
    seconds per generation, on a machine doing nothing else).
 3. While a writer process streams ``--live-rows-per-s`` changes (shard
    writers held open, generations cut by full MemTables, a
    ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
-   merged scan and ``count()`` against the base, and the runs' delay behind
+   merged scan, ``count()`` and lookups against the base, and the runs' delay behind
    the generations; then the writer's throughput with and without the
    keeper, in alternating runs of ``--writer-batches`` puts as fast as it
    can.
@@ -49,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import KEYS, clone, drain, paired, rows_for, seconds, template
+from benchmarks.scale import KEYS, clone, drain, p50_side_by_side, paired, rows_for, seconds, template
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
@@ -68,8 +70,21 @@ def add_generations(table: LsmTable, kind: str, rows: int, count: int, size: int
     table.handle.storage.delete_dir(RUNS_DIR)
 
 
-def reads(uri: str, repeat: int) -> dict[str, float]:
-    """Merged scan, a new reader's first scan and count(), each against plain Lance on the same base."""
+def key_probes(kind: str, ids: list[int]) -> list[tuple[object, str]]:
+    """For each id: the key as ``LsmTable.lookup`` takes it, and plain Lance's point filter on the base."""
+    if kind == "int64":
+        return [(i, f"id = {i}") for i in ids]
+    if kind == "string":
+        return [(f"k{i}", f"sid = 'k{i}'") for i in ids]
+    return [((f"r{i % 16}", i), f"region = 'r{i % 16}' AND id = {i}") for i in ids]
+
+
+def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, float]:
+    """Merged scan, a new reader's first scan, count() and fresh lookups, each against plain Lance on the same base.
+
+    Lookups are ``probes`` fresh point lookups against Lance's indexed point
+    query on the base, in alternating pairs, each probe a key of its own.
+    """
     table = LsmTable.open(uri)
     base = lance.dataset(uri)
     merged, plain = paired(lambda: drain(table.scanner()), lambda: drain(base.to_batches()), repeat)
@@ -77,6 +92,10 @@ def reads(uri: str, repeat: int) -> dict[str, float]:
         lambda: drain(LsmTable.open(uri).scanner()), lambda: drain(lance.dataset(uri).to_batches()), repeat
     )
     counted, base_count = paired(table.count, base.count_rows, repeat)
+    ids = np.random.default_rng(len(uri)).choice(base.count_rows(), 2 * probes + 2, replace=False).tolist()
+    ours, theirs = p50_side_by_side(
+        lambda probe: table.lookup([probe[0]]), lambda probe: base.to_table(filter=probe[1]), key_probes(kind, ids)
+    )
     return {
         "merged_scan_s": merged,
         "base_scan_s": plain,
@@ -87,6 +106,9 @@ def reads(uri: str, repeat: int) -> dict[str, float]:
         "count_s": counted,
         "base_count_s": base_count,
         "count_vs_base_scan": counted / plain,
+        "lookup_ms": ours * 1e3,
+        "lance_point_ms": theirs * 1e3,
+        "lookup_ratio": ours / theirs,
     }
 
 
@@ -97,9 +119,9 @@ def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.rando
     for pending in PENDING:
         add_generations(table, kind, args.rows, pending - cut, args.generation_rows, rng)
         cut = pending
-        without = reads(uri, args.repeat)  # through a table object opened now: no run cached
+        without = reads(uri, kind, args.repeat, args.probes)  # through a table object opened now: no run cached
         build = seconds(lambda: LsmTable.open(uri).build_pending_runs())
-        with_runs = reads(uri, args.repeat)
+        with_runs = reads(uri, kind, args.repeat, args.probes)
         states[str(pending)] = {
             "no_runs": without,
             "runs": with_runs,
@@ -156,7 +178,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
     time.sleep(10)  # the writer claimed its shards and cut generations
-    live = reads(uri, repeat)
+    live = reads(uri, kind, repeat, args.probes)
     stop.set()
     writer.join()
     keeper = json.loads(Path(uri, "writer-1.json").read_text())
@@ -187,22 +209,15 @@ def render(results: dict[str, Any]) -> str:
         "base, measured side by side (medians of alternating pairs).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
-        "| count() / base scan | count() s |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| count() / base scan | count() s | lookup p50 / Lance point query |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
         for pending, state in found["pending"].items():
             for name in ("no_runs", "runs"):
                 r = state[name]
-                lines.append(
-                    f"| {kind} | {pending} | {name.replace('_', ' ')} | {r['scan_ratio']:.2f}x "
-                    f"| {r['new_reader_ratio']:.2f}x | {r['count_vs_base_scan']:.2f}x | {r['count_s']:.3f} |"
-                )
-        live = found["live"]["reads"]
-        lines.append(
-            f"| {kind} | live | writer busy | {live['scan_ratio']:.2f}x | {live['new_reader_ratio']:.2f}x "
-            f"| {live['count_vs_base_scan']:.2f}x | {live['count_s']:.3f} |"
-        )
+                lines.append(f"| {kind} | {pending} | {name.replace('_', ' ')} | {_read_cells(r)} |")
+        lines.append(f"| {kind} | live | writer busy | {_read_cells(found['live']['reads'])} |")
     lines += [
         "",
         "| key | building runs, s per generation (16 pending) | writer with keeper / without | run delay while live |",
@@ -216,12 +231,20 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read_cells(r: dict[str, float]) -> str:
+    return (
+        f"{r['scan_ratio']:.2f}x | {r['new_reader_ratio']:.2f}x | {r['count_vs_base_scan']:.2f}x | {r['count_s']:.3f} "
+        f"| {r['lookup_ms']:.2f} / {r['lance_point_ms']:.2f} ms = {r['lookup_ratio']:.2f}x"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
     parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
+    parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
     parser.add_argument("--writer-batches", type=int, default=20, help="puts of a generation's rows per throughput run")
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"

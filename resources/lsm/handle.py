@@ -306,13 +306,15 @@ class TableHandle:
         *,
         dataset: lance.LanceDataset | None = None,
         as_of: TableVersion | None = None,
+        keys: pa.Table | None = None,
     ) -> ReadSnapshot:
         """What a read of ``shard_ids`` (default: all shards) sees, pinned now (above ``dataset``, if given),
         or as ``as_of`` pinned it (``dataset``, if given, is its base: :meth:`dataset_at`).
 
         The base version, the pending generations above its markers and (with
         ``fresh``) each shard's WAL tail: the input of the read path
-        (:mod:`resources.lsm.read.merged_read`).
+        (:mod:`resources.lsm.read.merged_read`). With ``keys`` (the key
+        columns of a point lookup) the tail holds only those keys' changes.
         """
         if as_of is None:
             dataset = self.dataset_to_read() if dataset is None else dataset
@@ -328,6 +330,7 @@ class TableHandle:
                 dataset.schema,
                 list(self.primary_key),
                 up_to_position=s.wal_position,
+                keys=keys,
             )
             for s in states
             if fresh and s.unflushed_wal_entries

@@ -638,7 +638,7 @@ class LsmTable:
         buckets = self.handle.router.buckets(key_table)
         shards = {self.handle.shard_ids[b] for b in np.unique(buckets)}
         version = None if as_of is None else TableVersion.parse(as_of)
-        snapshot = self.handle.snapshot(fresh, shards, as_of=version)
+        snapshot = self.handle.snapshot(fresh, shards, as_of=version, keys=key_table)
         return merged_read.lookup(
             snapshot, key_table, buckets, columns or snapshot.dataset.schema.names, self.handle.generation_filters
         )

@@ -21,6 +21,7 @@ import pyarrow as pa
 from ..format.schema import ROW_ADDRESS
 from .filter_text import keys_filter
 from .key_sets import key_join, rows_of_keys, semi_join_stream
+from .key_spread import key_spread
 from .level_readers import level_readers
 
 _SCAN_ROWS_PER_INDEXED_KEY = 5000
@@ -219,7 +220,7 @@ def _base_rows_of(
     """
     rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
     indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
-    where = keys_filter(keys, primary_key) if indexed else None
+    where = keys_filter(keys, primary_key, key_spread(dataset, primary_key)) if indexed else None
     scanner = dataset.scanner(columns=primary_key, with_row_address=True, filter=where, fragments=fragments)
     if indexed:
         found = scanner.to_table()

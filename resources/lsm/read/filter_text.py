@@ -7,6 +7,8 @@ turns both into what a caller means.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -52,19 +54,28 @@ def in_list(column: str, values: list[int | str]) -> str:
     return f"`{column}` IN ({', '.join(sql_literal(v) for v in values)})"
 
 
-def keys_filter(keys: pa.Table, key: list[str]) -> str | pc.Expression:
+def keys_filter(keys: pa.Table, key: list[str], spread: Mapping[str, int] | None = None) -> str | pc.Expression:
     """A Lance filter matching every row whose key is in ``keys``: exact for one column, a superset for more.
 
-    A key of several columns is filtered on one column only, the one with the
-    most distinct values among ``keys`` (callers narrow the rows by key): Lance
-    answers each indexed ``IN`` through its BTREE and intersects the row sets,
-    so a column with few values (a region, a tenant) would make it collect
-    most of the base first (pylance 14.0.2, 64Mi rows, 1,000 keys of
-    ``(region, id)``: 7.0 s against 0.18 s for ``id`` alone). Integer and
-    string columns become SQL ``IN`` lists (Lance's Arrow-expression
-    conversion refuses unsigned-integer literals); other types an Arrow ``isin``.
+    A key of several columns is filtered on one column only (callers narrow
+    the rows by key): Lance answers each indexed ``IN`` through its BTREE and
+    intersects the row sets, so a column with few values (a region, a
+    tenant) would make it collect most of the base first (pylance 14.0.2,
+    64Mi rows, 1,000 keys of ``(region, id)``: 7.0 s against 0.18 s for
+    ``id`` alone). The column is the one whose values among ``keys`` match
+    the fewest base rows: its distinct values among ``keys`` over its
+    ``spread``, the distinct values it holds in (a sample of) the base
+    (:func:`~resources.lsm.read.key_spread.key_spread`). Without a spread,
+    the column with the most distinct values among ``keys``: for one key
+    every column ties, and the first may be the region. Integer and string
+    columns become SQL ``IN`` lists (Lance's Arrow-expression conversion
+    refuses unsigned-integer literals); other types an Arrow ``isin``.
     """
-    column = max(key, key=lambda name: pc.count_distinct(keys.column(name)).as_py())
+    distinct = {name: pc.count_distinct(keys.column(name)).as_py() for name in key}
+    if spread:
+        column = min(key, key=lambda name: distinct[name] / max(spread.get(name, 1), 1))
+    else:
+        column = max(key, key=distinct.__getitem__)
     values = pc.unique(keys.column(column))
     if pa.types.is_integer(values.type) or pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         return in_list(column, values.to_pylist())

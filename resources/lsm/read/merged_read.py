@@ -49,6 +49,7 @@ from .deletion_vector import DeletionVector, SupersededRows, count_base_rows, fr
 from .filter_text import keys_filter
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
+from .key_spread import key_spread
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
@@ -487,7 +488,8 @@ def _base_rows(dataset: lance.LanceDataset, keys: pa.Table, key: list[str], colu
         return pa.schema([dataset.schema.field(c) for c in columns]).empty_table()
     # Naming every column costs Lance a projection plan; a single-column key's filter is exact.
     found = dataset.to_table(
-        columns=None if columns == dataset.schema.names else columns, filter=keys_filter(keys, key)
+        columns=None if columns == dataset.schema.names else columns,
+        filter=keys_filter(keys, key, key_spread(dataset, key)),
     )
     return found if len(key) == 1 else key_join(found, keys, key, "left semi")
 

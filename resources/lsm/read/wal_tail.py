@@ -16,6 +16,7 @@ from ..format.shard_manifest import list_wal_entries
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry, sentinel_epoch
 from .dedup import keep_last_per_key
+from .key_sets import key_join
 
 
 def read_wal_tail(
@@ -26,6 +27,7 @@ def read_wal_tail(
     primary_key: list[str],
     up_to_position: int | None = None,
     written_after: int | None = None,
+    keys: pa.Table | None = None,
 ) -> pa.Table:
     """The newest change per key among WAL entries after ``after_position``.
 
@@ -35,6 +37,10 @@ def read_wal_tail(
     parallel readers of one snapshot see the same tail. ``written_after``
     keeps only the changes of entries after that position (fences are still
     read from ``after_position`` on): what was written after a table version.
+    ``keys`` (a table of the key columns) keeps only the changes of those
+    keys, taken from each entry before the newest per key is resolved: a
+    point lookup beside a busy writer then costs what its keys cost, not
+    what the whole tail does.
     """
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
@@ -52,6 +58,8 @@ def read_wal_tail(
             continue
         if epoch < fence_epoch or rows.num_rows == 0:
             continue
+        if keys is not None:
+            rows = key_join(rows, keys, primary_key, "left semi")
         parts.append(conform(rows, tail_schema))  # an entry written before columns were added lacks them
     if not parts:
         return empty_tail(schema)

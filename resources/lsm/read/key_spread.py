@@ -1,0 +1,37 @@
+"""How many distinct values each column of a composite key holds in the base, estimated once per table."""
+
+from __future__ import annotations
+
+import threading
+
+import lance
+import pyarrow.compute as pc
+
+_SAMPLE_ROWS = 65_536
+_spreads: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
+_lock = threading.Lock()
+
+
+def key_spread(dataset: lance.LanceDataset, key: list[str]) -> dict[str, int]:
+    """Distinct values per key column among the base's first rows (at most 64Ki); empty for a one-column key.
+
+    Point queries on the base filter a composite key on its most selective
+    column (:func:`~resources.lsm.read.filter_text.keys_filter`). How
+    selective each column is changes little as a table grows, so the
+    estimate is taken once per table location and process (a base with no
+    rows yet is sampled again next time).
+    """
+    if len(key) < 2:
+        return {}
+    cache_key = (dataset.uri, tuple(key))
+    with _lock:
+        known = _spreads.get(cache_key)
+    if known is not None:
+        return known
+    sample = dataset.to_table(columns=key, limit=_SAMPLE_ROWS)
+    if not sample.num_rows:
+        return {}
+    spread = {name: pc.count_distinct(sample.column(name)).as_py() for name in key}
+    with _lock:
+        _spreads[cache_key] = spread
+    return spread
