@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import KEYS, clone, drain, p50_side_by_side, paired, rows_for, seconds, template
+from benchmarks.scale import KEYS, clone, drain, p50_side_by_side, paired, rows_for, save_results, seconds, template
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
@@ -269,9 +269,7 @@ def main() -> None:
             shutil.rmtree(uri, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    args.out.with_suffix(".md").write_text(render(results))
-    print(render(results))
+    save_results(results, render(results), args.out)
 
 
 if __name__ == "__main__":

@@ -637,6 +637,14 @@ def pending_table(data: Path, rows: int) -> LsmTable:
     return table
 
 
+def save_results(results: dict, markdown: str, out: Path) -> None:
+    """Write ``results`` to ``out``.json and ``markdown`` to ``out``.md, and print the markdown."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=1))
+    out.with_suffix(".md").write_text(markdown)
+    print(markdown)
+
+
 def write_outputs(results: dict, out: Path) -> None:
     """Write after every size, so an interrupted run keeps what it measured."""
     out.parent.mkdir(parents=True, exist_ok=True)

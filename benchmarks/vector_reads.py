@@ -34,7 +34,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import drain, paired
+from benchmarks.scale import drain, paired, save_results
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 
@@ -132,9 +132,7 @@ def main() -> None:
             print(pending, json.dumps(results["pending"][str(pending)], default=lambda v: round(v, 3)), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1))
-    args.out.with_suffix(".md").write_text(render(results))
-    print(render(results))
+    save_results(results, render(results), args.out)
 
 
 if __name__ == "__main__":
