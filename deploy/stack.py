@@ -357,6 +357,11 @@ def dagster_services(env: dict[str, str], logs: Path, port: int | None = None) -
     """The daemon (sensors, schedules, run queue) and the webserver as separate processes, as in production."""
     port = port or free_port()
     webserver = [str(BIN / "dagster-webserver"), "-w", "workspace.yaml", "-h", LOCALHOST, "-p", str(port)]
+    # Create the instance's storage first: two processes creating a new SQLite storage at
+    # once can both stamp its schema version ("more than one head"), and neither loads.
+    migrate = spawn([str(BIN / "dagster"), "instance", "migrate"], logs / "instance.log", env)
+    if migrate.wait(timeout=120):
+        raise RuntimeError(f"dagster instance migrate failed: see {logs / 'instance.log'}")
     with ExitStack() as stack:
         daemon = stack.enter_context(
             running(spawn([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], logs / "daemon.log", env))
