@@ -29,7 +29,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, TypeAlias, cast
 
 import lance
 import numpy as np
@@ -48,6 +48,11 @@ _SALTS = np.array(
 _INT_FORMATS = {pa.int32(): "<i", pa.int64(): "<q"}
 _SAMPLE_ROWS = 64  # keys of a generation its filter must admit before we trust it
 _CACHED_FILTERS = 1024  # 32 KiB each in 14.0.2
+_VECTOR_KEYS = 16
+_Word: TypeAlias = Any
+"""A 64-bit word of one message (an int) or of many (a ``uint64`` array): :func:`_siphash13` takes either.
+
+``Any``: numpy's stubs type ``uint64`` arithmetic with Python ints as float."""
 
 
 def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
@@ -58,15 +63,20 @@ def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
 def pk_hashes(keys: Sequence[Sequence[int | str]], types: Sequence[pa.DataType]) -> np.ndarray:
     """Lance's 64-bit primary-key hash of every non-null key (types per :func:`hashable_key_types`), as ``uint64``.
 
-    Keys are hashed together, a few µs per key.
+    Many keys are hashed together with numpy, one pass per message length (a
+    few µs per key); fewer than ``_VECTOR_KEYS`` one by one on Python ints,
+    where numpy's cost per call (about 150 µs for one key) would dominate a
+    point lookup.
     """
     messages = [_message(key, types) for key in keys]
+    if len(messages) < _VECTOR_KEYS:
+        return np.array([_siphash13(_message_words(m)) for m in messages], dtype=np.uint64)
     hashes = np.zeros(len(messages), dtype=np.uint64)
     lengths = np.fromiter((len(m) for m in messages), dtype=np.int64, count=len(messages))
     for length in np.unique(lengths):
         rows = np.flatnonzero(lengths == length)
         block = np.frombuffer(b"".join(messages[i] for i in rows), dtype=np.uint8).reshape(len(rows), int(length))
-        hashes[rows] = _siphash13(block)
+        hashes[rows] = _siphash13(_block_words(block))
     return hashes
 
 
@@ -90,11 +100,30 @@ class SplitBlockBloomFilter:
 
     def might_contain_all(self, key_hashes: np.ndarray) -> np.ndarray:
         """For each hash of a ``uint64`` array, ``False`` only if no key with that hash was inserted."""
-        blocks = self._blocks[((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)]
-        low = key_hashes & np.uint64(0xFFFFFFFF)
-        bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
-        held: np.ndarray = np.all((blocks.astype(np.uint64) >> bits) & np.uint64(1), axis=1)
+        held: np.ndarray = held_by_each([self], key_hashes)[0]
         return held
+
+    def blocks_of(self, key_hashes: np.ndarray) -> np.ndarray:
+        """The block (eight ``uint32`` words) each hash of a ``uint64`` array falls in."""
+        blocks: np.ndarray = self._blocks[
+            ((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)
+        ]
+        return blocks
+
+
+def held_by_each(filters: Sequence[SplitBlockBloomFilter], key_hashes: np.ndarray) -> np.ndarray:
+    """For each filter (rows) and hash (columns), ``False`` only if that filter holds no key with that hash.
+
+    The bits a hash sets within its block do not depend on the filter: they
+    are computed once, and every filter's blocks tested in one pass (a
+    lookup asks up to one filter per pending generation).
+    """
+    low = key_hashes & np.uint64(0xFFFFFFFF)
+    bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
+    wanted = np.uint32(1) << bits.astype(np.uint32)
+    blocks = np.stack([bloom.blocks_of(key_hashes) for bloom in filters])
+    held: np.ndarray = np.all(blocks & wanted == wanted, axis=2)
+    return held
 
 
 class GenerationFilters:
@@ -118,11 +147,14 @@ class GenerationFilters:
         everyone = np.arange(len(keys))
         if not self._enabled:
             return dict.fromkeys(generations, everyone)
-        hashes = pk_hashes(keys, self._types)
-        held = {}
-        for generation in generations:
-            bloom = self._filter(shard_id, generation[1])
-            held[generation] = everyone if bloom is None else np.flatnonzero(bloom.might_contain_all(hashes))
+        filters = {generation: self._filter(shard_id, generation[1]) for generation in generations}
+        trusted = [generation for generation, bloom in filters.items() if bloom is not None]
+        held = dict.fromkeys(generations, everyone)
+        if trusted:
+            found = held_by_each(
+                [cast(SplitBlockBloomFilter, filters[g]) for g in trusted], pk_hashes(keys, self._types)
+            )
+            held.update((generation, np.flatnonzero(row)) for generation, row in zip(trusted, found, strict=True))
         return held
 
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
@@ -157,40 +189,56 @@ class GenerationFilters:
         return bool(np.all(bloom.might_contain_all(pk_hashes(keys, self._types))))
 
 
-def _rotl(value: np.ndarray, bits: int) -> np.ndarray:
-    return (value << np.uint64(bits)) | (value >> np.uint64(64 - bits))
+_MASK = (1 << 64) - 1
 
 
-def _sip_round(v: list[np.ndarray]) -> None:
-    v[0] += v[1]
+def _rotl(value: _Word, bits: int) -> _Word:
+    return ((value << bits) | (value >> (64 - bits))) & _MASK
+
+
+def _sip_round(v: list[_Word]) -> None:
+    v[0] = (v[0] + v[1]) & _MASK
     v[1] = _rotl(v[1], 13) ^ v[0]
     v[0] = _rotl(v[0], 32)
-    v[2] += v[3]
+    v[2] = (v[2] + v[3]) & _MASK
     v[3] = _rotl(v[3], 16) ^ v[2]
-    v[0] += v[3]
+    v[0] = (v[0] + v[3]) & _MASK
     v[3] = _rotl(v[3], 21) ^ v[0]
-    v[2] += v[1]
+    v[2] = (v[2] + v[1]) & _MASK
     v[1] = _rotl(v[1], 17) ^ v[2]
     v[2] = _rotl(v[2], 32)
 
 
-def _siphash13(messages: np.ndarray) -> np.ndarray:
-    """SipHash-1-3 with keys (0, 0) (Rust's ``DefaultHasher``) of each row of ``messages`` (uint8, one length)."""
-    rows, length = messages.shape
-    v = [
-        np.full(rows, c, dtype=np.uint64)
-        for c in (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
-    ]
-    whole = length - length % 8
-    words = [np.ascontiguousarray(messages[:, o : o + 8]).view("<u8").ravel() for o in range(0, whole, 8)]
-    tail = np.zeros((rows, 8), dtype=np.uint8)
-    tail[:, : length - whole] = messages[:, whole:]
-    words.append(tail.view("<u8").ravel() | np.uint64((length & 0xFF) << 56))
+def _siphash13(words: Sequence[_Word]) -> _Word:
+    """SipHash-1-3 with keys (0, 0) (Rust's ``DefaultHasher``) of messages given as their 64-bit words.
+
+    The last word holds the message's trailing bytes and its length (mod
+    256) in the top byte. Words are Python ints (one message) or ``uint64``
+    arrays (one message per element): the same arithmetic serves both.
+    """
+    v: list[_Word] = [0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573]
     for word in words:
         v[3] ^= word
         _sip_round(v)
         v[0] ^= word
-    v[2] ^= np.uint64(0xFF)
+    v[2] ^= 0xFF
     for _ in range(3):
         _sip_round(v)
     return v[0] ^ v[1] ^ v[2] ^ v[3]
+
+
+def _message_words(message: bytes) -> list[int]:
+    """One message's 64-bit little-endian words, the last padded and carrying the length (see :func:`_siphash13`)."""
+    whole = len(message) - len(message) % 8
+    words = [int.from_bytes(message[o : o + 8], "little") for o in range(0, whole, 8)]
+    return [*words, int.from_bytes(message[whole:], "little") | (len(message) & 0xFF) << 56]
+
+
+def _block_words(messages: np.ndarray) -> list[np.ndarray]:
+    """The words of each row of ``messages`` (``uint8``, one length), as ``uint64`` arrays (see :func:`_siphash13`)."""
+    rows, length = messages.shape
+    whole = length - length % 8
+    words = [np.ascontiguousarray(messages[:, o : o + 8]).view("<u8").ravel() for o in range(0, whole, 8)]
+    tail = np.zeros((rows, 8), dtype=np.uint8)
+    tail[:, : length - whole] = messages[:, whole:]
+    return [*words, tail.view("<u8").ravel() | np.uint64((length & 0xFF) << 56)]
