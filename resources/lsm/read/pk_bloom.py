@@ -103,27 +103,33 @@ class SplitBlockBloomFilter:
         held: np.ndarray = held_by_each([self], key_hashes)[0]
         return held
 
-    def blocks_of(self, key_hashes: np.ndarray) -> np.ndarray:
-        """The block (eight ``uint32`` words) each hash of a ``uint64`` array falls in."""
-        blocks: np.ndarray = self._blocks[
-            ((key_hashes >> np.uint64(32)) * np.uint64(len(self._blocks))) >> np.uint64(32)
-        ]
-        return blocks
+    @property
+    def blocks(self) -> np.ndarray:
+        """The filter's blocks: one row of eight ``uint32`` words each."""
+        return self._blocks
 
 
 def held_by_each(filters: Sequence[SplitBlockBloomFilter], key_hashes: np.ndarray) -> np.ndarray:
     """For each filter (rows) and hash (columns), ``False`` only if that filter holds no key with that hash.
 
-    The bits a hash sets within its block do not depend on the filter: they
-    are computed once, and every filter's blocks tested in one pass (a
-    lookup asks up to one filter per pending generation).
+    Which block a hash falls in depends only on the filter's size, and the
+    bits it sets there not at all: both are computed once, and every
+    filter's blocks tested in one pass (a lookup asks up to one filter per
+    pending generation).
     """
     low = key_hashes & np.uint64(0xFFFFFFFF)
     bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
     wanted = np.uint32(1) << bits.astype(np.uint32)
-    blocks = np.stack([bloom.blocks_of(key_hashes) for bloom in filters])
+    positions = {size: _block_positions(key_hashes, size) for size in {len(bloom.blocks) for bloom in filters}}
+    blocks = np.stack([bloom.blocks[positions[len(bloom.blocks)]] for bloom in filters])
     held: np.ndarray = np.all(blocks & wanted == wanted, axis=2)
     return held
+
+
+def _block_positions(key_hashes: np.ndarray, size: int) -> np.ndarray:
+    """The block each hash of a ``uint64`` array falls in, in a filter of ``size`` blocks."""
+    positions: np.ndarray = ((key_hashes >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32)
+    return positions
 
 
 class GenerationFilters:
@@ -147,13 +153,10 @@ class GenerationFilters:
         everyone = np.arange(len(keys))
         if not self._enabled:
             return dict.fromkeys(generations, everyone)
-        filters = {generation: self._filter(shard_id, generation[1]) for generation in generations}
-        trusted = [generation for generation, bloom in filters.items() if bloom is not None]
-        held = dict.fromkeys(generations, everyone)
+        held = dict.fromkeys(generations, everyone)  # a generation without a trusted filter may hold any key
+        trusted = {g: bloom for g in generations if (bloom := self._filter(shard_id, g[1])) is not None}
         if trusted:
-            found = held_by_each(
-                [cast(SplitBlockBloomFilter, filters[g]) for g in trusted], pk_hashes(keys, self._types)
-            )
+            found = held_by_each(list(trusted.values()), pk_hashes(keys, self._types))
             held.update((generation, np.flatnonzero(row)) for generation, row in zip(trusted, found, strict=True))
         return held
 
