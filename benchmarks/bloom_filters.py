@@ -64,7 +64,7 @@ def render(results: dict) -> str:
         f"`benchmarks/bloom_filters.py`: one shard, generations of {results['generation_rows']:,} random int64 "
         "keys, filters cached; microseconds per `candidate_keys` call (best of the rounds).",
         "",
-        "| generations | " + " | ".join(f"{k:,} keys" for k in KEYS) + " |",
+        "| generations \\ keys per call | " + " | ".join(f"{k:,}" for k in KEYS) + " |",
         "| ---: | " + " | ".join("---:" for _ in KEYS) + " |",
     ]
     for generations in GENERATIONS:
