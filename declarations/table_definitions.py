@@ -8,7 +8,6 @@ from jobs import table_jobs
 from lsm_assets import ingestion, maintenance, reports, table_assets, table_checks
 from resources.declared_table import DECLARED_TABLES_RESOURCE, DeclaredTable
 from resources.io_manager import LsmTableIOManager
-from resources.region_writer import RegionWriterResource
 from resources.table_resource import DeclaredTables, LsmTableResource
 from sensors import table_schedules
 
@@ -26,16 +25,12 @@ def table_definitions(table: DeclaredTable) -> Definitions:
             jobs=table_jobs(table),
             schedules=table_schedules(table),
         )
-    resource = LsmTableResource()
     return Definitions(
         assets=_default_assets(),
         asset_checks=lsm_assets.checks.all_checks,
         jobs=jobs.all_jobs,
         schedules=table_schedules(table),
-        resources={
-            table.resource_key: resource,
-            "region_writers": RegionWriterResource(lsm_table=resource),
-        },
+        resources={table.resource_key: LsmTableResource()},
     )
 
 

@@ -5,12 +5,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import (
     AssetExecutionContext,
+    AssetKey,
+    AssetMaterialization,
     AssetsDefinition,
     Config,
     MaterializeResult,
     MetadataValue,
     OpExecutionContext,
 )
+from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from resources.declared_table import (
@@ -23,6 +26,7 @@ from resources.declared_table import (
     LandingRetention,
 )
 from resources.lsm.maintenance.policy import BackpressurePolicy
+from resources.region_writer import WriterSession, claimed_writers
 from resources.settings import landing_dir, quarantine_dir
 
 from .table_context import (
@@ -31,6 +35,7 @@ from .table_context import (
     StepConfig,
     open_table,
     table_asset,
+    table_resource,
     version_metadata,
 )
 
@@ -113,6 +118,18 @@ class IngestConfig(Config):
             "Add columns landing files hold and the table lacks (nullable; fences writers, flushes and merges "
             "first) instead of quarantining the rows that hold values in them."
         ),
+    )
+    continuous: bool = Field(
+        default=False,
+        description=(
+            "Keep the shard writers open and ingest landing files as they arrive, in micro-batches, until the "
+            "run is terminated (or idle `stop_after_idle_polls` polls); then flush and close the writers."
+        ),
+    )
+    poll_seconds: float = Field(default=5.0, description="Continuous: pause between looks at the landing directory.")
+    max_files_per_batch: int = Field(default=20, description="Continuous: files per micro-batch.")
+    stop_after_idle_polls: int = Field(
+        default=0, description="Continuous: stop after this many empty polls in a row (0: never)."
     )
 
     def backpressure_policy(self) -> BackpressurePolicy:
@@ -257,6 +274,62 @@ def ingest(
     return {**metadata, **report_metadata(report, table.shard_ids), "backpressure_wait_s": round(waited, 1)}
 
 
+def ingest_until_stopped(
+    context: AssetExecutionContext | OpExecutionContext, config: IngestConfig, table: DeclaredTable
+) -> dict[str, Any]:
+    """Ingest landing files as they arrive through shard writers held open for the whole run; the run's totals.
+
+    Spark stages each micro-batch (read, validate, route, sort); its rows are
+    written here through region writers that stay open for the whole run, so no
+    generation is cut per micro-batch. Each micro-batch is recorded as a
+    materialization of the table's ``ingested_changes``. The generations the
+    writers cut get their pending runs within seconds, built beside the writers
+    (never fencing them). Terminating the run is a planned stop: the current
+    micro-batch is either recorded or left for the next run, the writers are
+    flushed and closed, and this returns normally.
+    """
+    ingested = AssetKey(table.asset_key("ingested_changes"))
+    with claimed_writers(table_resource(context, table), context.log) as session:
+        totals = _micro_batches(context, config, context.resources.spark.spark_session, session, ingested)
+    return totals | pending_run_metadata(session.runs)
+
+
+_TOTALS = ("files", "rows_read", "upserts", "deletes", "rows_quarantined", "wal_bytes")
+"""The numbers of a micro-batch's metadata that a continuous run sums."""
+
+
+def _micro_batches(
+    context: AssetExecutionContext | OpExecutionContext,
+    config: IngestConfig,
+    spark: "SparkSession",
+    session: WriterSession,
+    ingested: AssetKey,
+) -> dict[str, int]:
+    table = session.table
+    totals = dict.fromkeys(("micro_batches", *_TOTALS), 0)
+    idle = 0
+    try:
+        while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
+            metadata = ingest(context, config, spark, table, max_files=config.max_files_per_batch, writers=table)
+            if not metadata["files"]:
+                idle += 1
+                time.sleep(config.poll_seconds)
+                continue
+            idle = 0
+            totals["micro_batches"] += 1
+            for key in _TOTALS:
+                totals[key] += metadata[key]
+            metadata |= pending_run_metadata(session.runs) | version_metadata(table)
+            context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
+    except (DagsterExecutionInterruptedError, KeyboardInterrupt):
+        # Terminate in the UI raises the first, Ctrl-C on the CLI the second:
+        # both are an operator's planned stop, not a failure.
+        context.log.info(f"stop requested after {totals['micro_batches']} micro-batches; closing writers")
+        return totals
+    context.log.info(f"idle for {idle} polls after {totals['micro_batches']} micro-batches; closing writers")
+    return totals
+
+
 def _build_pending_runs(context: AssetExecutionContext | OpExecutionContext, table: "LsmTable") -> dict[str, Any]:
     """Build the runs of the generations the ingestion cut, so reads never join keys for them.
 
@@ -362,8 +435,14 @@ def _ingested_changes(table: DeclaredTable, deps: list[AssetsDefinition]) -> Ass
     def ingested_changes(context: AssetExecutionContext) -> MaterializeResult:
         """Every pending landing file, validated, routed by Lance's hash and made durable in
         the shard WALs by Spark tasks (one writer per shard). Bad rows are quarantined with
-        file, row and reason; a file is recorded as ingested only after its rows are durable."""
+        file, row and reason; a file is recorded as ingested only after its rows are durable.
+        With ``continuous: true`` the run keeps the writers open and ingests files as they
+        land, a materialization per micro-batch, until it is terminated; its last
+        materialization sums the run."""
         config = INGEST_CONFIG.resolve(context, table)
+        if config.continuous:
+            metadata = ingest_until_stopped(context, config, table)
+            return MaterializeResult(metadata=metadata | version_metadata(open_table(context, table)))
         lsm = open_table(context, table)
         metadata = ingest(context, config, context.resources.spark.spark_session, lsm)
         if not metadata["files"]:

@@ -1,16 +1,16 @@
-"""Ops: steps that are not the materialization of one asset.
+"""Ops: the default table's steps that are not the materialization of one asset.
 
-``ingest_continuously`` runs for as long as its run does, recording each
-micro-batch as a materialization of ``ingested_changes``. ``add_table_columns``
-adds nullable columns to the live table (schema evolution).
+``ingest_continuously`` (``continuous_ingest_job``) runs for as long as its
+run does, recording each micro-batch as a materialization of
+``ingested_changes``; declared tables ingest continuously through
+``ingested_changes`` itself (``continuous: true``). ``add_table_columns`` adds
+nullable columns to the live table (schema evolution).
 """
 
-import time
 from typing import TYPE_CHECKING
 
 from dagster import (
     AssetKey,
-    AssetMaterialization,
     AssetObservation,
     Config,
     MetadataValue,
@@ -18,91 +18,35 @@ from dagster import (
     OpExecutionContext,
     op,
 )
-from dagster._core.errors import DagsterExecutionInterruptedError
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
-from resources.region_writer import WriterSession, claimed_writers
-from resources.spark import SparkResource
 
-from .ingestion import IngestConfig, ingest, ingest_defaults, pending_run_metadata
-from .table_context import (
-    DEFAULT_TABLE,
-    SPARK_RESOURCE,
-    StepConfig,
-    open_table,
-    table_resource,
-    version_metadata,
-)
+from .ingestion import INGEST_CONFIG, ingest_until_stopped
+from .table_context import DEFAULT_TABLE, SPARK_RESOURCE, open_table
 
 if TYPE_CHECKING:
     from resources.lsm import LsmTable
 
 
-class ContinuousIngestConfig(IngestConfig):
-    poll_seconds: float = Field(default=5.0, description="Pause between looks at the landing directory.")
-    max_files_per_batch: int = Field(default=20, description="Files per micro-batch.")
-    stop_after_idle_polls: int = Field(default=0, description="Stop after this many empty polls (0: never).")
-
-
-CONTINUOUS_INGEST_CONFIG = StepConfig(ContinuousIngestConfig, ingest_defaults)
-
-
 def continuous_ingest_op(table: DeclaredTable) -> OpDefinition:
-    """The op of ``table``'s continuous ingestion job."""
+    """The op of ``table``'s ``continuous_ingest_job``: ``ingested_changes`` with ``continuous: true``.
+
+    Its config is the ingestion's (without ``continuous``, which it always
+    is), under the op's name, as scripts written for this job pass it.
+    """
+    schema = {name: field for name, field in INGEST_CONFIG.schema(table).items() if name != "continuous"}
 
     @op(
         name=table.job_name("ingest_continuously"),
         required_resource_keys={table.resource_key, SPARK_RESOURCE},
-        config_schema=CONTINUOUS_INGEST_CONFIG.schema(table),
+        config_schema=schema,
     )
     def ingest_continuously(context: OpExecutionContext) -> None:
-        """Ingest landing files as they arrive until the run is terminated (or idle long enough).
-
-        Spark stages each micro-batch (read, validate, route, sort); its rows are
-        written here through region writers that stay open for the whole run, so no
-        generation is cut per micro-batch. The generations the writers cut get
-        their pending runs within seconds, built beside the writers (never
-        fencing them). Terminating the run is a planned stop: the current
-        micro-batch is either recorded or left for the next run, the writers are
-        flushed and closed, and the step ends successfully.
-        """
-        config = CONTINUOUS_INGEST_CONFIG.resolve(context, table)
-        ingested = AssetKey(table.asset_key("ingested_changes"))
-        with claimed_writers(table_resource(context, table), context.log) as session:
-            _ingest_until_stopped(context, config, context.resources.spark, session, ingested)
+        """Ingest landing files as they arrive until the run is terminated (or idle long enough)."""
+        ingest_until_stopped(context, INGEST_CONFIG.resolve(context, table), table)
 
     return ingest_continuously
-
-
-def _ingest_until_stopped(
-    context: OpExecutionContext,
-    config: ContinuousIngestConfig,
-    spark: SparkResource,
-    session: "WriterSession",
-    ingested: AssetKey,
-) -> None:
-    table = session.table
-    idle = batches = 0
-    try:
-        while not config.stop_after_idle_polls or idle < config.stop_after_idle_polls:
-            metadata = ingest(
-                context, config, spark.spark_session, table, max_files=config.max_files_per_batch, writers=table
-            )
-            if not metadata["files"]:
-                idle += 1
-                time.sleep(config.poll_seconds)
-                continue
-            idle, batches = 0, batches + 1
-            # Each micro-batch shows up as a materialization of the ingested table.
-            metadata |= pending_run_metadata(session.runs) | version_metadata(table)
-            context.log_event(AssetMaterialization(asset_key=ingested, metadata=metadata))
-    except (DagsterExecutionInterruptedError, KeyboardInterrupt):
-        # Terminate in the UI raises the first, Ctrl-C on the CLI the second:
-        # both are an operator's planned stop, not a failure.
-        context.log.info(f"stop requested after {batches} micro-batches; closing writers")
-        return
-    context.log.info(f"idle for {idle} polls after {batches} micro-batches; closing writers")
 
 
 class AddColumnsConfig(Config):

@@ -82,7 +82,7 @@ def test_each_declared_table_gets_its_own_assets_checks_jobs_schedules_and_resou
 
 
 _ASSETS = ("ingested_changes", "flushed_generations", "merged_base", "garbage_collected", "table_summary")
-_JOBS = ("ingest_job", "continuous_ingest_job", "maintenance_job", "quality_job")
+_JOBS = ("ingest_job", "maintenance_job", "quality_job")
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,6 @@ from resources.lsm.testing.changegen import (
     replay,
     write_landing_file,
 )
-from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
 from tests.faulty_s3 import FaultPlan
@@ -188,7 +187,6 @@ def _resources(ingest_uri: str, options: dict) -> dict:
     return {
         "lsm_table": table,
         "spark": SparkResource(master="local[2]"),
-        "region_writers": RegionWriterResource(lsm_table=table),
     }
 
 

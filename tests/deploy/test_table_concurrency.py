@@ -32,8 +32,8 @@ def test_a_tables_writer_runs_queue_behind_each_other_and_never_behind_another_t
         "SPARK_MASTER": "local[1]",
     }
     with dagster_services(env, tmp_path / "logs") as ui:
-        continuous = {"ops": {"orders_ingest_continuously": {"config": {"poll_seconds": 0.5}}}}
-        live = ui.launch("orders_continuous_ingest_job", continuous)
+        continuous = {"ops": {"orders__ingested_changes": {"config": {"continuous": True, "poll_seconds": 0.5}}}}
+        live = ui.launch("orders_ingest_job", continuous)
         _wait_for_status(ui, live, "STARTED")
         same_table = ui.launch("orders_ingest_job")
         other_table = ui.launch("customers_ingest_job")

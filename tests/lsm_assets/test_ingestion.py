@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from dagster import build_init_resource_context, materialize
 
-from jobs import continuous_ingest_job
+from jobs import continuous_ingest_job, ingest_job
 from lsm_assets.ingestion import ingested_changes, landing_changes
 from resources.lsm import LsmTable, WriterFencedError
 from resources.lsm.maintenance.pending_runs import has_pending_run
@@ -22,7 +22,7 @@ from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes, 
 from resources.region_writer import RegionWriterResource
 from resources.spark import SparkResource
 from resources.table_resource import LsmTableResource
-from tests.helpers import rows_by_key, run_cli_job
+from tests.helpers import resolved_job, rows_by_key, run_cli_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,7 +40,6 @@ def _resources(spark, tmp_path: Path) -> dict:
     return {
         "lsm_table": table,
         "spark": SparkResource(master="local[2]"),
-        "region_writers": RegionWriterResource(lsm_table=table),
     }
 
 
@@ -73,7 +72,17 @@ def test_generate_then_ingest_lands_the_stream_with_metadata(spark, locations):
     assert all(has_pending_run(table.handle, s) for s in table.shards())
 
 
-def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, locations):
+POLLING = {"poll_seconds": 0.5, "stop_after_idle_polls": 8, "max_files_per_batch": 1}
+CONTINUOUS_RUNS = {
+    # The default table's historical job: the op takes the polling settings.
+    "continuous_ingest_job": (continuous_ingest_job, {"ingest_continuously": {"config": POLLING}}),
+    # Every table's ingest job, in its continuous mode (the same step as a one-off ingestion).
+    "ingest_job": (ingest_job, {"ingested_changes": {"config": {"continuous": True, **POLLING}}}),
+}
+
+
+@pytest.mark.parametrize("job_name", list(CONTINUOUS_RUNS))
+def test_continuous_ingestion_takes_files_as_they_arrive_and_closes_writers(spark, locations, job_name):
     landing = locations / "landing"
     first = write_landing_files(
         ChangeStreamSpec(num_keys=200, num_batches=2, batch_size=100, seed=1), str(landing), prefix="a"
@@ -83,14 +92,9 @@ def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, l
     writer = threading.Timer(3.0, lambda: arrivals.extend(write_landing_files(later, str(landing), prefix="b")))
     writer.start()
 
-    run_config = {
-        "ops": {
-            "ingest_continuously": {
-                "config": {"poll_seconds": 0.5, "stop_after_idle_polls": 8, "max_files_per_batch": 1}
-            }
-        }
-    }
-    result = continuous_ingest_job.execute_in_process(run_config=run_config, resources=_resources(spark, locations))
+    job, ops = CONTINUOUS_RUNS[job_name]
+    resources = _resources(spark, locations)
+    result = resolved_job(job, resources).execute_in_process(run_config={"ops": ops}, resources=resources)
     writer.join()
     assert result.success
     uri = str(locations / "table.lance")
@@ -100,10 +104,23 @@ def test_continuous_job_ingests_files_as_they_arrive_and_closes_writers(spark, l
     # Writers stayed open: one generation per shard for the whole run, not one per micro-batch.
     assert max(len(s.flushed_generations) for s in table.shards()) == 1
     assert all(has_pending_run(table.handle, s) for s in table.shards())  # built after the close cut them
-    materializations = [e for e in result.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
-    assert len(materializations) == 4  # one per micro-batch of one file
-    metadata = materializations[-1].event_specific_data.materialization.metadata
-    assert {"pending_runs_built", "pending_run_build_s", "pending_run_max_delay_s"} <= set(metadata)
+    materializations = [
+        e.event_specific_data.materialization.metadata
+        for e in result.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    batches = materializations[:4]  # one per micro-batch of one file
+    assert [m["files"].value for m in batches] == [1, 1, 1, 1]
+    assert {"pending_runs_built", "pending_run_build_s", "pending_run_max_delay_s"} <= set(batches[-1])
+    if job_name == "ingest_job":  # the asset's own materialization sums the run, after the writers closed
+        (total,) = materializations[4:]
+        assert total["micro_batches"].value == 4
+        assert total["files"].value == 4
+        assert total["rows_read"].value == sum(m["rows_read"].value for m in batches)
+        assert total["pending_runs_built"].value == sum(1 for s in table.shards() if s.pending_generations)
+        assert total["table_version"].value == str(table.version())
+    else:
+        assert len(materializations) == 4
 
 
 def test_region_writer_resource_fenced_by_another_writer_loses_nothing(locations):
