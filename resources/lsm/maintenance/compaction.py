@@ -406,7 +406,7 @@ def _run_passes(
     columns = empty_tail(base.schema).schema
     passes = []
     for state in table.shard_states(base, todo, for_read=True):
-        run = table.runs.find(state, quiet=True)
+        run = table.runs.find(state, maintenance=True)
         if run is not None and _run_is_usable(run, todo[state.shard_id], present):
             passes.append(_run_pass(run, columns, list(table.primary_key)))
     return passes

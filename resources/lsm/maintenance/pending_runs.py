@@ -50,7 +50,7 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
 
     def stored_run(state: ShardState) -> tuple[PendingRun | None, bool]:
         """The shard's stored run over a prefix of its pending generations, and whether it is current."""
-        run = handle.runs.find(state, quiet=True)
+        run = handle.runs.find(state, maintenance=True)
         if run is None or run.generations != state.pending_generations:
             return run, False
         if handle.storage.exists(run_path(state.shard_id, run.generations)) and run.superseded.holds_in(present):

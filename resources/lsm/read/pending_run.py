@@ -67,6 +67,8 @@ MISSING_RUN_WARNING_SECONDS = 300.0
 BASE_ROW_ADDRESS = "_base_rowaddr"
 NOT_IN_BASE = np.uint64(2**64 - 1)
 """``_base_rowaddr`` of a key the base lacks (looked up, not found): no row can have this address."""
+MISSING_RUN_RECHECK_SECONDS = 1.0
+"""How long a run found missing is taken as missing without looking again (reads go around it meanwhile)."""
 SCANS_BEFORE_KEY_INDEX = 8
 """Lookups a run answers by scanning its keys before it builds a hash index of them."""
 _GENERATIONS = b"lsm.generations"
@@ -257,20 +259,28 @@ class PendingRuns:
 
     A run's content is fixed by its generations, so cached runs are reused
     until the shard's pending generations no longer extend them. At most
-    ``max_bytes`` of runs are kept, least recently used dropped first.
+    ``max_bytes`` of runs are kept, least recently used dropped first. A run
+    found missing is not looked for again for ``MISSING_RUN_RECHECK_SECONDS``
+    (each look is a read and a listing, most of a point lookup's own cost when
+    generations wait for their run); one built in this process meanwhile is
+    found at once (:meth:`remember`).
     """
 
     def __init__(self, storage: TableStorage, max_bytes: int = 1 << 30) -> None:
         self._storage, self._max_bytes = storage, max_bytes
         self._runs: OrderedDict[str, PendingRun] = OrderedDict()
+        self._missing: dict[str, float] = {}
+        """Each missing run's path: when it was found missing (``time.monotonic()``)."""
         self._reported: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
-    def find(self, shard: ShardState, *, quiet: bool = False) -> PendingRun | None:
+    def find(self, shard: ShardState, *, maintenance: bool = False) -> PendingRun | None:
         """The stored run over the longest prefix of ``shard``'s pending generations, if any.
 
-        A missing or unreadable run is logged (once per shard and pending set)
-        unless ``quiet``.
+        For a read, a missing or unreadable run is logged (once per shard and
+        pending set), and a run found missing less than
+        ``MISSING_RUN_RECHECK_SECONDS`` ago is not looked for again. For
+        ``maintenance`` (which builds and merges runs) neither: it always looks.
         """
         pending = shard.pending_generations
         if not pending:
@@ -280,6 +290,8 @@ class PendingRuns:
             if (cached := self._runs.get(full)) is not None:
                 self._runs.move_to_end(full)
                 return cached
+            if not maintenance and time.monotonic() - self._missing.get(full, -1e9) < MISSING_RUN_RECHECK_SECONDS:
+                return None
         for path in self._stored(shard.shard_id, pending):
             if (cached := self._runs.get(path)) is not None:
                 return cached
@@ -288,12 +300,16 @@ class PendingRuns:
             except FileNotFoundError:
                 continue  # not built (or retired meanwhile)
             except (OSError, ValueError, KeyError, pa.ArrowInvalid) as exc:
-                if not quiet:
+                if not maintenance:
                     self._report(shard, path, f"is unreadable ({exc}); reading its generations instead")
                 return None
             self.remember(run)
             return run
-        if not quiet:
+        with self._lock:
+            now = time.monotonic()
+            self._missing = {path: at for path, at in self._missing.items() if now - at < MISSING_RUN_RECHECK_SECONDS}
+            self._missing[full] = now
+        if not maintenance:
             self._report_missing(shard, full)
         return None
 
@@ -328,6 +344,7 @@ class PendingRuns:
         """Cache ``run`` (just built or read)."""
         with self._lock:
             self._runs[run_path(run.shard_id, run.generations)] = run
+            self._missing.clear()
             while self._runs and sum(r.changes.nbytes for r in self._runs.values()) > self._max_bytes:
                 self._runs.popitem(last=False)
 

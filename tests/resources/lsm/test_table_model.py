@@ -164,7 +164,7 @@ class LsmTableMachine(RuleBasedStateMachine):
         address = {tuple(r[k] for k in self.primary_key): r["_rowaddr"] for r in base}
         fragments = fragment_ids(dataset)
         for shard in self.table.handle.shard_states(dataset):
-            run = PendingRuns(self.table.handle.storage).find(shard, quiet=True)
+            run = PendingRuns(self.table.handle.storage).find(shard, maintenance=True)
             if run is None or not run.superseded.holds_in(fragments):
                 continue  # none stored, or stale: readers join keys
             keys = [tuple(r[k] for k in self.primary_key) for r in run.changes.to_pylist()]

@@ -98,6 +98,25 @@ def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path
     assert caplog.text.count("is missing") == len(table.shard_ids)
 
 
+def test_a_run_found_missing_is_looked_for_again_only_after_the_recheck_interval(tmp_path, monkeypatch):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    drop_pending_runs(table)
+    reader, maintainer = LsmTable.open(table.uri), LsmTable.open(table.uri)
+    for each in (reader, maintainer):
+        assert_reads_and_lookups(each, batches)  # finds every shard's run missing
+    table.build_pending_runs()  # another table object (as another process) stores them
+
+    shard = reader.shards()[0]
+    assert maintainer.handle.runs.find(shard, maintenance=True) is not None  # maintenance always looks
+    looks: list[str] = []
+    storage = reader.handle.storage
+    monkeypatch.setattr(storage, "read_bytes", lambda path, read=storage.read_bytes: looks.append(path) or read(path))
+    assert reader.handle.runs.find(shard) is None and not looks  # a read within the interval: no I/O
+    assert_reads_and_lookups(reader, batches)  # and reads stay right without the run
+    monkeypatch.setattr(pending_run, "MISSING_RUN_RECHECK_SECONDS", 0.0)
+    assert reader.handle.runs.find(shard) is not None and looks  # after the interval a read looks again
+
+
 def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, caplog):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     first, second = current_runs(table)
