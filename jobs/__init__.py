@@ -30,7 +30,15 @@ these per tag value: one writer run and one run of each maintenance kind per
 table, while other tables' runs go on.
 """
 
-from dagster import AssetKey, AssetSelection, JobDefinition, define_asset_job, in_process_executor, job
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    JobDefinition,
+    OpDefinition,
+    define_asset_job,
+    in_process_executor,
+    job,
+)
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from lsm_assets.checks import CHECKED_ASSETS
@@ -112,26 +120,20 @@ def _default_table_jobs(writers: dict[str, str]) -> list[AnyJob]:
     """The default table's continuous-ingest, add-columns, flush, merge and GC jobs, under their historical names."""
     table = DEFAULT_TABLE
 
-    @job(
-        name="continuous_ingest_job",
-        tags=writers,
-        executor_def=in_process_executor,
-        description="Long-running ingestion: keeps region writers open and ingests landing files as "
-        "they arrive until the run is terminated, then flushes and closes the writers.",
+    continuous_ingest_job = _op_job(
+        "continuous_ingest_job",
+        continuous_ingest_op(table),
+        writers,
+        "Long-running ingestion: keeps region writers open and ingests landing files as they arrive until the run "
+        "is terminated, then flushes and closes the writers.",
     )
-    def continuous_ingest_job() -> None:
-        continuous_ingest_op(table)()
-
-    @job(
-        name="add_columns_job",
-        tags=writers,
-        executor_def=in_process_executor,
-        description="Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow "
-        "type). Fences writers, flushes, merges, then adds the columns; safe to re-run.",
+    add_columns_job = _op_job(
+        "add_columns_job",
+        add_columns_op(table),
+        writers,
+        "Schema evolution: add nullable columns to the live table (config `columns`: name → Arrow type). Fences "
+        "writers, flushes, merges, then adds the columns; safe to re-run.",
     )
-    def add_columns_job() -> None:
-        add_columns_op(table)()
-
     return [
         continuous_ingest_job,
         add_columns_job,
@@ -159,6 +161,16 @@ def _default_table_jobs(writers: dict[str, str]) -> list[AnyJob]:
             "Delete merged generations, consumed WAL, old orphans and old base versions.",
         ),
     ]
+
+
+def _op_job(name: str, step: OpDefinition, tags: dict[str, str], description: str) -> JobDefinition:
+    """A job of the one op ``step``, in one process."""
+
+    @job(name=name, tags=tags, executor_def=in_process_executor, description=description)
+    def single_step() -> None:
+        step()
+
+    return single_step
 
 
 def _asset_job(
