@@ -48,6 +48,7 @@ _SALTS = np.array(
 _INT_FORMATS = {pa.int32(): "<i", pa.int64(): "<q"}
 _SAMPLE_ROWS = 64  # keys of a generation its filter must admit before we trust it
 _CACHED_FILTERS = 1024  # 32 KiB each in 14.0.2
+_CACHED_STACKS = 16  # a shard's trusted filters stacked: 512 KiB at 16 pending generations
 _VECTOR_KEYS = 16
 _Word: TypeAlias = Any
 """A 64-bit word of one message (an int) or of many (a ``uint64`` array): :func:`_siphash13` takes either.
@@ -100,7 +101,7 @@ class SplitBlockBloomFilter:
 
     def might_contain_all(self, key_hashes: np.ndarray) -> np.ndarray:
         """For each hash of a ``uint64`` array, ``False`` only if no key with that hash was inserted."""
-        held: np.ndarray = held_by_each([self], key_hashes)[0]
+        held: np.ndarray = FilterStack([self]).held(key_hashes)[0]
         return held
 
     @property
@@ -109,21 +110,34 @@ class SplitBlockBloomFilter:
         return self._blocks
 
 
-def held_by_each(filters: Sequence[SplitBlockBloomFilter], key_hashes: np.ndarray) -> np.ndarray:
-    """For each filter (rows) and hash (columns), ``False`` only if that filter holds no key with that hash.
+class FilterStack:
+    """Bloom filters tested together: those of one size stacked into one array.
 
     Which block a hash falls in depends only on the filter's size, and the
-    bits it sets there not at all: both are computed once, and every
-    filter's blocks tested in one pass (a lookup asks up to one filter per
-    pending generation).
+    bits it sets there not at all: both are computed once per test, and all
+    filters of a size are read with one index (a lookup asks up to one filter
+    per pending generation; all are one size in pylance 14.0.2).
     """
-    low = key_hashes & np.uint64(0xFFFFFFFF)
-    bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
-    wanted = np.uint32(1) << bits.astype(np.uint32)
-    positions = {size: _block_positions(key_hashes, size) for size in {len(bloom.blocks) for bloom in filters}}
-    blocks = np.stack([bloom.blocks[positions[len(bloom.blocks)]] for bloom in filters])
-    held: np.ndarray = np.all(blocks & wanted == wanted, axis=2)
-    return held
+
+    def __init__(self, filters: Sequence[SplitBlockBloomFilter]) -> None:
+        rows_by_size: dict[int, list[int]] = {}
+        for row, bloom in enumerate(filters):
+            rows_by_size.setdefault(len(bloom.blocks), []).append(row)
+        self._count = len(filters)
+        self._groups = [
+            (size, np.array(rows), np.stack([filters[row].blocks for row in rows]))
+            for size, rows in rows_by_size.items()
+        ]
+
+    def held(self, key_hashes: np.ndarray) -> np.ndarray:
+        """For each filter (rows, in the order given) and hash (columns), ``False`` only if it holds no such key."""
+        low = key_hashes & np.uint64(0xFFFFFFFF)
+        bits = ((low[:, None] * _SALTS) & np.uint64(0xFFFFFFFF)) >> np.uint64(27)
+        wanted = np.uint32(1) << bits.astype(np.uint32)
+        held = np.empty((self._count, len(key_hashes)), dtype=bool)
+        for size, rows, blocks in self._groups:
+            held[rows] = np.all(blocks[:, _block_positions(key_hashes, size)] & wanted == wanted, axis=2)
+        return held
 
 
 def _block_positions(key_hashes: np.ndarray, size: int) -> np.ndarray:
@@ -144,6 +158,7 @@ class GenerationFilters:
         self._types = [f.type for f in key_fields]
         self._enabled = hashable_key_types(self._types)
         self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
+        self._stacks: OrderedDict[tuple[str, tuple[str, ...]], FilterStack] = OrderedDict()
         self._lock = threading.Lock()  # lookups may share a table object across threads
 
     def candidate_keys(
@@ -156,9 +171,28 @@ class GenerationFilters:
         held = dict.fromkeys(generations, everyone)  # a generation without a trusted filter may hold any key
         trusted = {g: bloom for g in generations if (bloom := self._filter(shard_id, g[1])) is not None}
         if trusted:
-            found = held_by_each(list(trusted.values()), pk_hashes(keys, self._types))
-            held.update((generation, np.flatnonzero(row)) for generation, row in zip(trusted, found, strict=True))
+            found = self._stack(shard_id, trusted).held(pk_hashes(keys, self._types))
+            hits = cast(list[bool], found.any(axis=1).tolist())  # most generations hold none of the keys
+            none = everyone[:0]
+            held.update(
+                (generation, np.flatnonzero(row) if hit else none)
+                for generation, row, hit in zip(trusted, found, hits, strict=True)
+            )
         return held
+
+    def _stack(self, shard_id: str, trusted: dict[tuple[int, str], SplitBlockBloomFilter]) -> FilterStack:
+        """The filters of ``trusted`` stacked (kept while lookups ask the same generations)."""
+        cache_key = (shard_id, tuple(directory for _, directory in trusted))
+        with self._lock:
+            if (stack := self._stacks.get(cache_key)) is not None:
+                self._stacks.move_to_end(cache_key)
+                return stack
+        stack = FilterStack(list(trusted.values()))
+        with self._lock:
+            self._stacks[cache_key] = stack
+            if len(self._stacks) > _CACHED_STACKS:
+                self._stacks.popitem(last=False)
+        return stack
 
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""

@@ -6,13 +6,20 @@ import logging
 import os
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import shard_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
-from resources.lsm.read.pk_bloom import BLOOM_FILTER_FILE, GenerationFilters, SplitBlockBloomFilter, pk_hashes
+from resources.lsm.read.pk_bloom import (
+    BLOOM_FILTER_FILE,
+    FilterStack,
+    GenerationFilters,
+    SplitBlockBloomFilter,
+    pk_hashes,
+)
 from tests.helpers import drop_pending_runs, rows_by_key
 
 KEYED_SCHEMAS = {
@@ -148,3 +155,26 @@ def test_a_few_keys_hash_as_they_do_among_many(kind):
     together = pk_hashes(keys, types)
     assert len(set(together.tolist())) == len(keys)
     assert [pk_hashes([k], types)[0] for k in keys] == together.tolist()
+
+
+SALTS = (0x47B6137B, 0x44974D91, 0x8824AD5B, 0xA2B7289D, 0x705495C7, 0x2DF1424B, 0x9EFC4947, 0x5C6BFB31)
+
+
+def sbbf_holds(data: bytes, key_hash: int) -> bool:
+    """Parquet's split-block bloom filter check, word by word (the definition the stacked test must match)."""
+    blocks = len(data) // 32
+    block = ((key_hash >> 32) * blocks) >> 32
+    words = [int.from_bytes(data[32 * block + 4 * i : 32 * block + 4 * i + 4], "little") for i in range(8)]
+    bits = [((key_hash & 0xFFFFFFFF) * salt & 0xFFFFFFFF) >> 27 for salt in SALTS]
+    return all(word >> bit & 1 for word, bit in zip(words, bits, strict=True))
+
+
+def test_filters_of_several_sizes_tested_together_answer_as_each_filter_alone():
+    rng = np.random.default_rng(4)
+    # Random filters of 1, 4 and 64 blocks, interleaved, dense enough that some hashes pass each, most do not.
+    data = [np.packbits(rng.random(256 * blocks) < 0.8, bitorder="little").tobytes() for blocks in (4, 1, 64, 4, 64)]
+    hashes = rng.integers(0, 2**63, 400, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, 400, dtype=np.uint64)
+    held = FilterStack([SplitBlockBloomFilter(d) for d in data]).held(hashes)
+    expected = [[sbbf_holds(d, int(h)) for h in hashes] for d in data]
+    assert held.tolist() == expected
+    assert 0 < held.sum() < held.size
