@@ -447,11 +447,10 @@ def _run_rows(run: PendingRun, keys: pa.Table, key: list[str], shape: pa.Schema)
     if index is None:
         rows = key_join(run.changes, keys, key, "left semi")
     else:
-        found = (index.get(k) for k in zip(*(keys.column(c).to_pylist() for c in key), strict=True))
-        positions = [row for row in found if row is not None]
-        if not positions:
+        positions = index.rows(keys)
+        if not len(positions):
             return shape.empty_table()  # the usual answer: most keys have no pending change
-        rows = run.changes.take(pa.array(positions, pa.int64()))
+        rows = run.changes.take(positions)
     return rows.select(shape.names).cast(shape)
 
 

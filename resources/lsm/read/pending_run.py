@@ -38,6 +38,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 import zlib
@@ -57,7 +58,7 @@ from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
-from .key_sets import key_mask
+from .key_sets import KeyIndex, key_mask
 from .level_readers import level_readers
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class PendingRun:
 
     ``NOT_IN_BASE`` for a key the base lacks; null for one not looked up
     (runs of older versions). Ascending in a run built here."""
-    _key_index: dict[tuple[object, ...], int] | None = field(default=None, init=False, repr=False)
+    _key_index: KeyIndex | None = field(default=None, init=False, repr=False)
 
     @cached_property
     def superseded(self) -> DeletionVector:
@@ -106,18 +107,17 @@ class PendingRun:
     def _lookups_served(self) -> Iterator[int]:
         return itertools.count()
 
-    def key_index(self, primary_key: list[str]) -> dict[tuple[object, ...], int] | None:
-        """Row of each key (as a tuple of values), once the run answered ``SCANS_BEFORE_KEY_INDEX`` lookups.
+    def key_index(self, primary_key: list[str]) -> KeyIndex | None:
+        """The row of each key, once the run answered ``SCANS_BEFORE_KEY_INDEX`` lookups.
 
         ``None`` before: a reader doing one lookup scans the run's keys, and a
-        reader serving many builds the index once (Python objects, about
-        100 bytes a key) and answers each lookup by hashing.
+        reader serving many builds the index once and answers each lookup
+        from it (:class:`~resources.lsm.read.key_sets.KeyIndex`).
         """
         if next(self._lookups_served) < SCANS_BEFORE_KEY_INDEX:
             return None
         if self._key_index is None:
-            values = zip(*(self.changes.column(k).to_pylist() for k in primary_key), strict=True)
-            object.__setattr__(self, "_key_index", {key: row for row, key in enumerate(values)})
+            object.__setattr__(self, "_key_index", KeyIndex(self.changes, primary_key))
         return self._key_index
 
     def extra_generations(self, shard: ShardState) -> Generations:
@@ -262,15 +262,17 @@ class PendingRuns:
     ``max_bytes`` of runs are kept, least recently used dropped first. A run
     found missing is not looked for again for ``MISSING_RUN_RECHECK_SECONDS``
     (each look is a read and a listing, most of a point lookup's own cost when
-    generations wait for their run); one built in this process meanwhile is
-    found at once (:meth:`remember`).
+    generations wait for their run): reads use the run over a shorter prefix
+    found instead, if any; one built in this process meanwhile is found at
+    once (:meth:`remember`).
     """
 
     def __init__(self, storage: TableStorage, max_bytes: int = 1 << 30) -> None:
         self._storage, self._max_bytes = storage, max_bytes
         self._runs: OrderedDict[str, PendingRun] = OrderedDict()
-        self._missing: dict[str, float] = {}
-        """Each missing run's path: when it was found missing (``time.monotonic()``)."""
+        self._missing: dict[str, tuple[float, str | None]] = {}
+        """Each missing run's path: when it was found missing (``time.monotonic()``), and the run over a
+        shorter prefix of its generations found instead (its path), if any."""
         self._reported: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
@@ -279,7 +281,8 @@ class PendingRuns:
 
         For a read, a missing or unreadable run is logged (once per shard and
         pending set), and a run found missing less than
-        ``MISSING_RUN_RECHECK_SECONDS`` ago is not looked for again. For
+        ``MISSING_RUN_RECHECK_SECONDS`` ago is not looked for again (the run
+        over a shorter prefix found then, if any, is the answer). For
         ``maintenance`` (which builds and merges runs) neither: it always looks.
         """
         pending = shard.pending_generations
@@ -290,28 +293,35 @@ class PendingRuns:
             if (cached := self._runs.get(full)) is not None:
                 self._runs.move_to_end(full)
                 return cached
-            if not maintenance and time.monotonic() - self._missing.get(full, -1e9) < MISSING_RUN_RECHECK_SECONDS:
-                return None
+            seen, prefix = self._missing.get(full, (-math.inf, None))
+            if not maintenance and time.monotonic() - seen < MISSING_RUN_RECHECK_SECONDS:
+                if prefix is None:
+                    return None
+                if (cached := self._runs.get(prefix)) is not None:
+                    return cached
+        found: PendingRun | None = None
         for path in self._stored(shard.shard_id, pending):
-            if (cached := self._runs.get(path)) is not None:
-                return cached
+            if (found := self._runs.get(path)) is not None:
+                break
             try:
-                run = read_run(self._storage, path, shard.shard_id)
+                found = read_run(self._storage, path, shard.shard_id)
             except FileNotFoundError:
                 continue  # not built (or retired meanwhile)
             except (OSError, ValueError, KeyError, pa.ArrowInvalid) as exc:
                 if not maintenance:
                     self._report(shard, path, f"is unreadable ({exc}); reading its generations instead")
                 return None
-            self.remember(run)
-            return run
+            self.remember(found)
+            break
+        if found is not None and found.generations == pending:
+            return found
         with self._lock:
             now = time.monotonic()
-            self._missing = {path: at for path, at in self._missing.items() if now - at < MISSING_RUN_RECHECK_SECONDS}
-            self._missing[full] = now
-        if not maintenance:
+            self._missing = {p: m for p, m in self._missing.items() if now - m[0] < MISSING_RUN_RECHECK_SECONDS}
+            self._missing[full] = (now, None if found is None else run_path(shard.shard_id, found.generations))
+        if found is None and not maintenance:
             self._report_missing(shard, full)
-        return None
+        return found
 
     def find_each(self, shards: Sequence[ShardState]) -> list[PendingRun | None]:
         """:meth:`find` for each shard, in order.

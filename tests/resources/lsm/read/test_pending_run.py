@@ -117,6 +117,28 @@ def test_a_run_found_missing_is_looked_for_again_only_after_the_recheck_interval
     assert reader.handle.runs.find(shard) is not None and looks  # after the interval a read looks again
 
 
+def test_while_the_newest_generations_wait_for_their_run_reads_use_the_shorter_run_without_looking(
+    tmp_path, monkeypatch
+):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=1, batch_size=300, seed=9)))
+    table.write(more[0])
+    table.flush()  # a generation per shard newer than the stored runs
+    reader = LsmTable.open(table.uri)
+    assert_reads_and_lookups(reader, batches + more)
+    looks: list[str] = []
+    storage = reader.handle.storage
+    monkeypatch.setattr(storage, "read_bytes", lambda path, read=storage.read_bytes: looks.append(path) or read(path))
+    monkeypatch.setattr(
+        storage, "list_files", lambda path, listing=storage.list_files: looks.append(path) or listing(path)
+    )
+    for shard in reader.shards():
+        run = reader.handle.runs.find(shard)
+        assert run is not None and run.generations == shard.pending_generations[:-1]
+    assert not any(path.startswith(RUNS_DIR) for path in looks)  # neither read nor listed again
+    assert_reads_and_lookups(reader, batches + more)
+
+
 def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, caplog):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     first, second = current_runs(table)
