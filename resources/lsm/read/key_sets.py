@@ -86,7 +86,7 @@ class KeyIndex:
             self._hashed = {value: row for row, value in enumerate(values)}
 
     def rows(self, keys: pa.Table) -> np.ndarray:
-        """The rows of the indexed table holding ``keys`` (of its key types), in their order; keys it lacks are left out."""
+        """The rows holding ``keys`` (of the indexed table's key types), in their order; absent keys left out."""
         if self._hashed is not None:
             found = (self._hashed.get(k) for k in zip(*(keys.column(c).to_pylist() for c in self._key), strict=True))
             return np.array([row for row in found if row is not None], dtype=np.int64)
