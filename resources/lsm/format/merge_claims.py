@@ -23,11 +23,11 @@ passed over.
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import lance
+
+from ..lru_cache import LruCache
 
 CLAIM_PROPERTY = "lsm.merged_through"
 
@@ -62,35 +62,13 @@ def read_claims(dataset: lance.LanceDataset, version: int) -> dict[str, int]:
     return {}
 
 
-class ClaimCache:
-    """The claims of base versions this process has read, shared by every handle (they never change).
+CLAIMS: LruCache[tuple[str, int, int], dict[str, int]] = LruCache(max_entries=1024)
+"""The claims of base versions this process has read, shared by every handle (they never change).
 
-    Keyed by table location, version and a checksum of that version's
-    manifest, so a table deleted and created again at the same location
-    never meets its predecessor's claims. Spares each newly opened table the
-    transaction walk (a few ms: one read per version walked).
-    """
-
-    def __init__(self, max_entries: int = 1024) -> None:
-        self._claims: OrderedDict[tuple[str, int, int], dict[str, int]] = OrderedDict()
-        self._max_entries = max_entries
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, int, int], read: Callable[[], dict[str, int]]) -> dict[str, int]:
-        """The claims cached under ``key``, or ``read()`` and cached."""
-        with self._lock:
-            if (claims := self._claims.get(key)) is not None:
-                self._claims.move_to_end(key)
-                return claims
-        claims = read()
-        with self._lock:
-            self._claims[key] = claims
-            while len(self._claims) > self._max_entries:
-                self._claims.popitem(last=False)
-        return claims
-
-
-CLAIMS = ClaimCache()
+Keyed by table location, version and a checksum of that version's manifest,
+so a table deleted and created again at the same location never meets its
+predecessor's claims. Spares each newly opened table the transaction walk (a
+few ms: one read per version walked)."""
 
 
 def merged_through(markers: Mapping[str, int], claims: Mapping[str, int]) -> dict[str, int]:

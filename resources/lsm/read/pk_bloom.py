@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from ..format.layout import generation_dir
 from ..format.storage import TableStorage
+from ..lru_cache import LruCache
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,8 @@ class GenerationFilters:
         self._types = [f.type for f in key_fields]
         self._enabled = hashable_key_types(self._types)
         self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
-        self._stacks: OrderedDict[tuple[str, tuple[str, ...]], FilterStack] = OrderedDict()
+        self._stacks: LruCache[tuple[str, tuple[str, ...]], FilterStack] = LruCache(_CACHED_STACKS)
+        """Each shard's trusted filters stacked, kept while lookups ask the same generations."""
         self._lock = threading.Lock()  # lookups may share a table object across threads
 
     def candidate_keys(
@@ -171,7 +173,10 @@ class GenerationFilters:
         held = dict.fromkeys(generations, everyone)  # a generation without a trusted filter may hold any key
         trusted = {g: bloom for g in generations if (bloom := self._filter(shard_id, g[1])) is not None}
         if trusted:
-            found = self._stack(shard_id, trusted).held(pk_hashes(keys, self._types))
+            stack = self._stacks.get(
+                (shard_id, tuple(directory for _, directory in trusted)), lambda: FilterStack(list(trusted.values()))
+            )
+            found = stack.held(pk_hashes(keys, self._types))
             hits = cast(list[bool], found.any(axis=1).tolist())  # most generations hold none of the keys
             none = everyone[:0]
             held.update(
@@ -179,20 +184,6 @@ class GenerationFilters:
                 for generation, row, hit in zip(trusted, found, hits, strict=True)
             )
         return held
-
-    def _stack(self, shard_id: str, trusted: dict[tuple[int, str], SplitBlockBloomFilter]) -> FilterStack:
-        """The filters of ``trusted`` stacked (kept while lookups ask the same generations)."""
-        cache_key = (shard_id, tuple(directory for _, directory in trusted))
-        with self._lock:
-            if (stack := self._stacks.get(cache_key)) is not None:
-                self._stacks.move_to_end(cache_key)
-                return stack
-        stack = FilterStack(list(trusted.values()))
-        with self._lock:
-            self._stacks[cache_key] = stack
-            if len(self._stacks) > _CACHED_STACKS:
-                self._stacks.popitem(last=False)
-        return stack
 
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""
