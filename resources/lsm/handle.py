@@ -34,10 +34,10 @@ from .format.shard_manifest import wal_entries_present
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .format.version import ShardPosition, TableVersion
-from .read.merged_read import PendingGenerations, ReadSnapshot
+from .read.merged_read import ReadSnapshot, shared_pending_generations
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
-from .read.wal_tail import read_wal_tail
+from .read.wal_tail import read_wal_tail, wal_entry_cache
 
 _T = TypeVar("_T")
 
@@ -121,7 +121,8 @@ class TableHandle:
         """``last-write-wins`` or ``partial-update`` (tables created before the setting: the former)."""
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
         self.runs = PendingRuns(self.storage)
-        self.pending_cache = PendingGenerations()
+        self.pending_cache = shared_pending_generations()
+        self.wal_entries = wal_entry_cache()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.
         self._version_facts = lru_cache(maxsize=16)(self._read_version_facts)
@@ -331,6 +332,7 @@ class TableHandle:
                 list(self.primary_key),
                 up_to_position=s.wal_position,
                 keys=keys,
+                cache=self.wal_entries,
             )
             for s in states
             if fresh and s.unflushed_wal_entries

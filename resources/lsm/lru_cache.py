@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -12,15 +13,20 @@ V = TypeVar("V")
 
 
 class LruCache(Generic[K, V]):
-    """At most ``max_entries`` values by key; safe to share between threads.
+    """At most ``max_entries`` values by key (and ``max_bytes`` of them by ``size_of``); safe to share between threads.
 
     A value is computed outside the lock, so two threads missing the same
-    key at once may both compute it (the values are equal: the last one is kept).
+    key at once may both compute it (the values are equal: the last one is
+    kept). A value larger than ``max_bytes`` is returned but not kept: it
+    would evict every other entry and then itself.
     """
 
-    def __init__(self, max_entries: int) -> None:
-        self._values: OrderedDict[K, V] = OrderedDict()
-        self._max_entries = max_entries
+    def __init__(
+        self, max_entries: int, max_bytes: float = math.inf, size_of: Callable[[V], int] = lambda _: 0
+    ) -> None:
+        self._values: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._max_entries, self._max_bytes, self._size_of = max_entries, max_bytes, size_of
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: K, compute: Callable[[], V]) -> V:
@@ -28,10 +34,16 @@ class LruCache(Generic[K, V]):
         with self._lock:
             if key in self._values:
                 self._values.move_to_end(key)
-                return self._values[key]
+                return self._values[key][0]
         value = compute()
+        size = self._size_of(value)
+        if size > self._max_bytes:
+            return value
         with self._lock:
-            self._values[key] = value
-            while len(self._values) > self._max_entries:
-                self._values.popitem(last=False)
+            if (replaced := self._values.pop(key, None)) is not None:
+                self._bytes -= replaced[1]
+            self._values[key] = (value, size)
+            self._bytes += size
+            while len(self._values) > self._max_entries or self._bytes > self._max_bytes:
+                self._bytes -= self._values.popitem(last=False)[1][1]
         return value

@@ -12,11 +12,21 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..format.schema import conform, empty_tail
-from ..format.shard_manifest import list_wal_entries
+from ..format.shard_manifest import WalEntryFile, list_wal_entries
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry, sentinel_epoch
+from ..lru_cache import LruCache
 from .dedup import keep_last_per_key
 from .key_sets import key_join
+
+WalEntries = LruCache[tuple[str, str, int, int | None], tuple[dict[str, str], pa.Table]]
+"""WAL entries one table handle read, by shard and file (name, size, modification time)."""
+
+
+def wal_entry_cache() -> WalEntries:
+    """A cache for :func:`read_wal_tail`: an entry never changes once written, and beside a busy writer every
+    fresh read reads the whole tail again, entries it read a moment ago included (most of a point lookup's cost)."""
+    return LruCache(max_entries=4096, max_bytes=64 << 20, size_of=lambda entry: entry[1].nbytes)
 
 
 def read_wal_tail(
@@ -28,6 +38,7 @@ def read_wal_tail(
     up_to_position: int | None = None,
     written_after: int | None = None,
     keys: pa.Table | None = None,
+    cache: WalEntries | None = None,
 ) -> pa.Table:
     """The newest change per key among WAL entries after ``after_position``.
 
@@ -40,7 +51,8 @@ def read_wal_tail(
     ``keys`` (a table of the key columns) keeps only the changes of those
     keys, taken from each entry before the newest per key is resolved: a
     point lookup beside a busy writer then costs what its keys cost, not
-    what the whole tail does.
+    what the whole tail does. ``cache`` (one per table handle:
+    :func:`wal_entry_cache`) keeps the entries read, so each is read once.
     """
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
@@ -51,7 +63,7 @@ def read_wal_tail(
         if written_after is not None and entry.position <= written_after:  # only its fence counts
             fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
             continue
-        metadata, rows = read_wal_entry(storage, shard_id, entry)
+        metadata, rows = _read_entry(storage, shard_id, entry, cache)
         epoch = int(metadata.get("writer_epoch", 0))
         if metadata.get("fence_sentinel") == "true":
             fence_epoch = max(fence_epoch, epoch)
@@ -64,3 +76,12 @@ def read_wal_tail(
     if not parts:
         return empty_tail(schema)
     return keep_last_per_key(pa.concat_tables(parts), primary_key)
+
+
+def _read_entry(
+    storage: TableStorage, shard_id: str, entry: WalEntryFile, cache: WalEntries | None
+) -> tuple[dict[str, str], pa.Table]:
+    if cache is None:
+        return read_wal_entry(storage, shard_id, entry)
+    file = (shard_id, entry.name, entry.size, entry.mtime_ns)
+    return cache.get(file, lambda: read_wal_entry(storage, shard_id, entry))

@@ -17,3 +17,17 @@ def test_a_value_is_computed_once_and_the_least_recently_used_is_dropped_first()
     value("c")  # evicts "b", the least recently used
     assert [value("a"), value("b")] == ["A", "B"]
     assert computed == ["a", "b", "c", "b"]
+
+
+def test_values_are_kept_within_max_bytes_and_one_larger_is_never_kept():
+    computed: list[str] = []
+    cache: LruCache[str, str] = LruCache(max_entries=10, max_bytes=5, size_of=len)
+
+    def value(key: str) -> str:
+        return cache.get(key, lambda: computed.append(key) or key * 2)
+
+    value("a"), value("b")  # 2 bytes each
+    value("c")  # 6 bytes in all: evicts "a"
+    value("toolong")  # 14 bytes: returned, never kept
+    assert [value("b"), value("c"), value("toolong"), value("a")] == ["bb", "cc", "toolongtoolong", "aa"]
+    assert computed == ["a", "b", "c", "toolong", "toolong", "a"]

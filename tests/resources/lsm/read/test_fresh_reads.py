@@ -70,3 +70,30 @@ def test_stray_files_in_a_wal_directory_never_break_a_fresh_read(make_table):
             table.handle.storage.write_bytes_atomic(f"_mem_wal/{shard}/wal/{stray}", b"not a WAL entry")
     assert {k[0]: r["name"] for k, r in rows_by_key(table.read()).items()} == {1: "flushed", 2: "in the wal"}
     assert table.lookup([2])["name"].to_pylist() == ["in the wal"]
+
+
+def test_a_reader_reads_each_wal_entry_once_and_still_sees_every_new_one(make_table, writer_process):
+    """Beside a busy writer every fresh read meets the whole tail again: the handle keeps the entries it read."""
+    table = make_table()
+    child = writer_process(table.uri)
+    storage = table.handle.storage
+    wal_reads: list[str] = []
+    read_bytes = storage.read_bytes
+
+    def counting_read_bytes(path: str) -> bytes:
+        if "/wal/" in path:
+            wal_reads.append(path)
+        return read_bytes(path)
+
+    storage.read_bytes = counting_read_bytes  # type: ignore[method-assign]
+    acknowledge(child, "upsert", 0, 20)
+    assert set(rows_by_key(table.read())) == {(k,) for k in range(20)}
+    read_once = len(wal_reads)
+    assert read_once > 0 and table.lookup([5])["name"].to_pylist() == ["child"]
+    assert len(wal_reads) == read_once, "the lookup met only entries already read"
+
+    acknowledge(child, "upsert", 20, 10)
+    acknowledge(child, "delete", 0, 1)
+    assert set(rows_by_key(table.read())) == {(k,) for k in range(1, 30)}
+    assert table.count() == 29
+    assert len(wal_reads) == len(set(wal_reads)), "every WAL entry read once"

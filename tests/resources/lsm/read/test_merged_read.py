@@ -74,6 +74,28 @@ def test_resolved_generations_are_kept_per_set_and_projection(tmp_path):
     assert cache.resolved(snapshot, pending(snapshot), everything).equals(first)
 
 
+def test_a_table_opened_anew_starts_with_the_generations_an_earlier_reader_resolved(tmp_path, monkeypatch):
+    """Resolved generations are kept per process and table location: a second table never sees the first's."""
+    first, batches = build_change_table(str(tmp_path / "a.lance"), seed=1)
+    second, others = build_change_table(str(tmp_path / "b.lance"), seed=2)
+    drop_pending_runs(first), drop_pending_runs(second)
+    read = merged_read.read_generations
+    opened: list[str] = []
+
+    def counting_read(storage, generations, *args, **kwargs):
+        opened.extend(storage.location for _ in generations)
+        return read(storage, generations, *args, **kwargs)
+
+    monkeypatch.setattr(merged_read, "read_generations", counting_read)
+    assert rows_by_key(first.read()) == oracle_view(batches)
+    assert opened and set(opened) == {first.uri}
+    opened.clear()
+    assert rows_by_key(LsmTable.open(first.uri).read()) == oracle_view(batches)
+    assert opened == [], "the new reader resolved nothing again"
+    assert rows_by_key(second.read()) == oracle_view(others)
+    assert opened and set(opened) == {second.uri}
+
+
 @pytest.mark.parametrize(
     "pending",
     [
