@@ -335,7 +335,7 @@ def _split_by_trust(snapshot: ReadSnapshot, runs: list[PendingRun]) -> tuple[lis
     return trusted, untrusted
 
 
-# A PendingGenerations entry: the table location, the (shard id, directory) generations, the shape's (name, type) columns.
+# A PendingGenerations entry: table location, (shard id, directory) generations, the shape's (name, type) columns.
 _PendingKey = tuple[str, tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]
 
 
