@@ -89,8 +89,10 @@ class DeletionVector:
         """For each address, whether the vector does *not* hold it (the row stays).
 
         Scan batches hold addresses ascending within a fragment: the vector's
-        slice for the batch's range becomes a bitmap over that range, one
-        lookup per row; scattered addresses fall back to a binary search.
+        slice for the batch's range is cleared from an all-kept mask when
+        the batch is one run of consecutive rows (the usual case), or becomes
+        a bitmap over that range, one lookup per row; scattered addresses
+        fall back to a binary search.
         """
         if not len(self.addresses) or not len(addresses):
             return np.ones(len(addresses), dtype=bool)
@@ -101,6 +103,10 @@ class DeletionVector:
         if not len(inside):
             return np.ones(len(addresses), dtype=bool)
         span = int(high - low) + 1
+        if span == len(addresses) and (np.diff(addresses) == 1).all():  # a run of rows: positions are offsets
+            kept = np.ones(span, dtype=bool)
+            kept[(inside - low).astype(np.intp)] = False
+            return kept
         if span <= _DENSE_SPAN_FACTOR * len(addresses):
             dropped = np.zeros(span, dtype=bool)
             dropped[(inside - low).astype(np.intp)] = True

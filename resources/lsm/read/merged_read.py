@@ -221,14 +221,17 @@ class _KeyBitmap:
     def found(self, batch: pa.RecordBatch) -> np.ndarray:
         """For each row of ``batch``, whether its key is in the bitmap (a null key never is)."""
         column = batch.column(self._column)
-        values = pc.fill_null(column, self._low).to_numpy()
-        offsets = values - self._low  # may wrap around far from the range: the bounds test catches it
-        in_range = (values >= self._low) & (offsets >= 0) & (offsets < self._span)
+        values = (pc.fill_null(column, self._low) if column.null_count else column).to_numpy()
+        # Unsigned, a value below the range wraps around far above it: one comparison bounds both sides.
+        offsets = (values - self._low).astype(np.uint64, copy=False)
+        in_range = offsets < self._span
         if column.null_count:
             in_range &= column.is_valid().to_numpy(zero_copy_only=False)
-        found = np.zeros(len(values), dtype=bool)
-        inside = offsets[in_range]
-        found[in_range] = (self._bits[inside >> 3] >> (inside & 7).astype(np.uint8)) & 1 == 1
+        at = np.minimum(offsets, self._span - 1)  # any bit will do outside the range: in_range masks it
+        found = np.take(self._bits, at >> 3) >> (at & 7).astype(np.uint8)
+        found &= 1
+        found = found.view(bool)
+        found &= in_range
         return found
 
 

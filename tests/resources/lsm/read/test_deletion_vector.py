@@ -10,7 +10,7 @@ import pytest
 from resources.lsm import LsmTable
 from resources.lsm.format.schema import ROW_ADDRESS
 from resources.lsm.read import deletion_vector
-from resources.lsm.read.deletion_vector import SupersededRows
+from resources.lsm.read.deletion_vector import DeletionVector, SupersededRows
 from tests.helpers import drop_pending_runs
 
 ROWS = 16_000
@@ -30,6 +30,23 @@ def kept(rows: SupersededRows, dataset: lance.LanceDataset) -> list[str]:
         keep = rows.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
         survivors += [k for k, stays in zip(batch.column("id").to_pylist(), keep, strict=True) if stays]
     return survivors
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [
+        np.arange(100, 164),  # one run of rows
+        np.arange(100, 228, 2),  # gaps (rows deleted in the base): a bitmap over the range
+        np.array([100, 103, 102, 101]),  # the span of a run, not in order
+        np.array([5, 7, 1 << 32, (1 << 32) + 9]),  # two fragments: scattered
+        np.arange(10_000, 10_064),  # beyond every address of the vector
+    ],
+    ids=["run", "gaps", "unordered", "two fragments", "beyond"],
+)
+def test_a_deletion_vector_keeps_exactly_the_rows_it_does_not_hold(addresses):
+    held = np.array([1, 5, 101, 102, 130, 163, 1 << 32, (1 << 32) + 9], dtype=np.uint64)
+    addresses = addresses.astype(np.uint64)
+    assert DeletionVector(held).keep_mask(addresses).tolist() == (~np.isin(addresses, held)).tolist()
 
 
 @pytest.mark.parametrize("count", [1, 400], ids=["few keys: one indexed query", "many keys: groups scanned"])
