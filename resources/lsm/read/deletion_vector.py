@@ -104,9 +104,9 @@ class DeletionVector:
             return np.ones(len(addresses), dtype=bool)
         span = int(high - low) + 1
         if span == len(addresses) and (np.diff(addresses) == 1).all():  # a run of rows: positions are offsets
-            kept = np.ones(span, dtype=bool)
-            kept[(inside - low).astype(np.intp)] = False
-            return kept
+            in_run = np.ones(span, dtype=bool)
+            in_run[(inside - low).astype(np.intp)] = False
+            return in_run
         if span <= _DENSE_SPAN_FACTOR * len(addresses):
             dropped = np.zeros(span, dtype=bool)
             dropped[(inside - low).astype(np.intp)] = True

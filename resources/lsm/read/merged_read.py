@@ -228,10 +228,9 @@ class _KeyBitmap:
         if column.null_count:
             in_range &= column.is_valid().to_numpy(zero_copy_only=False)
         at = np.minimum(offsets, self._span - 1)  # any bit will do outside the range: in_range masks it
-        found = np.take(self._bits, at >> 3) >> (at & 7).astype(np.uint8)
-        found &= 1
-        found = found.view(bool)
-        found &= in_range
+        bits = np.take(self._bits, at >> 3) >> (at & 7).astype(np.uint8)
+        bits &= 1
+        found: np.ndarray = bits.view(bool) & in_range
         return found
 
 
