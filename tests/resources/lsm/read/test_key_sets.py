@@ -1,4 +1,4 @@
-"""Key set operations: the key index a run serves many lookups from."""
+"""Key set operations: membership and joins by key, and the key index a run serves many lookups from."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from resources.lsm.read.key_sets import KeyIndex
+from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask
 
 rng = np.random.default_rng(12)
 NUMBERS = rng.choice(10_000, 600, replace=False)
@@ -31,3 +31,17 @@ def test_a_key_index_finds_the_row_of_every_held_key_and_leaves_out_the_others(k
         k for k in asked.select(key).to_pylist() if k in table.slice(0, 500).select(key).to_pylist()
     ]
     assert index.rows(asked.select(key).slice(0, 0)).size == 0
+
+
+@pytest.mark.parametrize("kind", sorted(TABLES))
+@pytest.mark.parametrize("asked", [1, 3], ids=["one key: compared", "several keys: hashed"])
+def test_membership_by_key_holds_exactly_the_rows_of_the_keys_asked(kind, asked):
+    table, key = TABLES[kind]
+    # A null key on the left never matches (Lance would refuse it; a key column may still be nullable).
+    left = pa.concat_tables([table, table.slice(0, 1).set_column(0, table.field(0), pa.nulls(1, table.field(0).type))])
+    right = table.take([7, 300, 599][:asked]).select(key)
+    wanted = {tuple(r.values()) for r in right.to_pylist()}
+    expected = [tuple(r[c] for c in key) in wanted for r in left.to_pylist()]
+    assert key_mask(left, right, key).tolist() == expected
+    assert key_join(left, right, key, "left semi").num_rows == asked
+    assert key_join(left, right, key, "left anti").num_rows == left.num_rows - asked
