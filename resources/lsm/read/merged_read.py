@@ -222,6 +222,8 @@ class _KeyBitmap:
         """For each row of ``batch``, whether its key is in the bitmap (a null key never is)."""
         column = batch.column(self._column)
         values = (pc.fill_null(column, self._low) if column.null_count else column).to_numpy()
+        if values.dtype.itemsize < 8:  # a narrow difference would wrap around inside the range
+            values = values.astype(np.int64)
         # Unsigned, a value below the range wraps around far above it: one comparison bounds both sides.
         offsets = (values - self._low).astype(np.uint64, copy=False)
         in_range = offsets < self._span

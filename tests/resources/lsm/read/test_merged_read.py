@@ -111,6 +111,15 @@ def test_key_bitmap_finds_exactly_the_pending_keys(pending):
     assert bitmap.found(base).tolist() == [k in pending for k in base["id"].to_pylist()]
 
 
+@pytest.mark.parametrize("type_", [pa.int8(), pa.int16()], ids=str)
+def test_key_bitmap_on_narrow_keys_spanning_their_whole_range_finds_exactly_the_pending_keys(type_):
+    low, high = -(2 ** (type_.bit_width - 1)), 2 ** (type_.bit_width - 1) - 1
+    base = pa.record_batch({"id": pa.array([low, low + 1, -1, 0, high - 1, high], type_)})
+    bitmap = merged_read._KeyBitmap.of(pa.table({"id": pa.array([low, 0, high], type_)}), ["id"])
+    assert bitmap is not None
+    assert bitmap.found(base).tolist() == [True, False, False, True, False, True]
+
+
 def test_key_bitmap_on_unsigned_keys_finds_exactly_the_pending_keys():
     base = pa.record_batch({"id": pa.array([0, 3, 8, 9, 2**64 - 1], pa.uint64())})
     bitmap = merged_read._KeyBitmap.of(pa.table({"id": pa.array([3, 9, 2**20], pa.uint64())}), ["id"])
