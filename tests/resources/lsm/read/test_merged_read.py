@@ -312,3 +312,23 @@ def test_a_key_of_a_run_changed_again_above_it_supersedes_its_base_row_once(tmp_
 
     assert table.count() == table.read().num_rows == 3
     assert table.lookup([1])["value"].to_pylist() == [2]
+
+
+def test_a_narrow_integer_key_spanning_its_range_is_read_once_after_an_upsert(tmp_path):
+    schema = pa.schema([pa.field("id", pa.int16(), nullable=False), pa.field("v", pa.string())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
+    keys = pa.array([-32768, -1, 0, 32767], pa.int16())
+    table.write(pa.table({"id": keys, "v": ["base"] * 4}, schema=schema))
+    table.close()
+    table.compact()
+    assert lance.dataset(table.uri).count_rows() == 4, "in the base"
+    table.write(pa.table({"id": pa.array([-32768, 32767], pa.int16()), "v": ["new"] * 2}, schema=schema))
+    table.close()  # pending, no run: the base rows of both keys are dropped by the key bitmap
+    drop_pending_runs(table)
+    assert {k[0]: row["v"] for k, row in rows_by_key(table.read()).items()} == {
+        -32768: "new",
+        -1: "base",
+        0: "base",
+        32767: "new",
+    }
+    assert table.read().num_rows == 4 and table.count() == 4
