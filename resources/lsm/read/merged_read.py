@@ -210,7 +210,7 @@ class _KeyBitmap:
         if not pa.types.is_integer(values.type) or values.null_count:
             return None
         low, high = pc.min(values).as_py(), pc.max(values).as_py()
-        return cls(key[0], values.to_numpy(), low, high) if high - low < cls._MAX_SPAN else None
+        return cls(key[0], _wide(values.to_numpy()), low, high) if high - low < cls._MAX_SPAN else None
 
     def __init__(self, column: str, values: np.ndarray, low: int, high: int) -> None:
         present = np.zeros(high - low + 1, dtype=bool)
@@ -221,9 +221,7 @@ class _KeyBitmap:
     def found(self, batch: pa.RecordBatch) -> np.ndarray:
         """For each row of ``batch``, whether its key is in the bitmap (a null key never is)."""
         column = batch.column(self._column)
-        values = (pc.fill_null(column, self._low) if column.null_count else column).to_numpy()
-        if values.dtype.itemsize < 8:  # a narrow difference would wrap around inside the range
-            values = values.astype(np.int64)
+        values = _wide((pc.fill_null(column, self._low) if column.null_count else column).to_numpy())
         # Unsigned, a value below the range wraps around far above it: one comparison bounds both sides.
         offsets = (values - self._low).astype(np.uint64, copy=False)
         in_range = offsets < self._span
@@ -234,6 +232,11 @@ class _KeyBitmap:
         bits &= 1
         found: np.ndarray = bits.view(bool) & in_range
         return found
+
+
+def _wide(values: np.ndarray) -> np.ndarray:
+    """64-bit integers: an 8, 16 or 32-bit difference from the lowest key would wrap around inside the range."""
+    return values if values.dtype.itemsize == 8 else values.astype(np.int64)
 
 
 def count(snapshot: ReadSnapshot) -> int:
