@@ -29,6 +29,10 @@ class LruCache(Generic[K, V]):
         self._bytes = 0
         self._lock = threading.Lock()
 
+    def __contains__(self, key: K) -> bool:
+        with self._lock:
+            return key in self._values
+
     def get(self, key: K, compute: Callable[[], V]) -> V:
         """The value cached under ``key``, or ``compute()``'s, cached."""
         with self._lock:

@@ -56,6 +56,7 @@ from ..format.layout import run_dir
 from ..format.schema import conform, empty_tail
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
+from ..lru_cache import LruCache
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
 from .key_sets import KeyIndex, key_mask
@@ -71,12 +72,14 @@ NOT_IN_BASE = np.uint64(2**64 - 1)
 MISSING_RUN_RECHECK_SECONDS = 1.0
 """How long a run found missing is taken as missing without looking again (reads go around it meanwhile)."""
 SCANS_BEFORE_KEY_INDEX = 8
-"""Lookups a run answers by scanning its keys before it builds a hash index of them."""
+"""Lookups a run answers by scanning its keys before it builds an index of them."""
 _GENERATIONS = b"lsm.generations"
 _SHARD = "__lsm_shard"
 """While runs are built together: the index of the shard a row belongs to."""
 _MAGIC = b"LSMRUN1\n"
 """A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
+_REPORTED: LruCache[tuple[str, str], bool] = LruCache(max_entries=4096)
+"""Runs (table location, run path) this process warned about: every table object opened anew would warn again."""
 
 Generations = tuple[tuple[int, str], ...]
 """``(generation, directory)`` pairs, ascending."""
@@ -273,7 +276,6 @@ class PendingRuns:
         self._missing: dict[str, tuple[float, str | None]] = {}
         """Each missing run's path: when it was found missing (``time.monotonic()``), and the run over a
         shorter prefix of its generations found instead (its path), if any."""
-        self._reported: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def find(self, shard: ShardState, *, maintenance: bool = False) -> PendingRun | None:
@@ -360,6 +362,8 @@ class PendingRuns:
 
     def _report_missing(self, shard: ShardState, path: str) -> None:
         """Warn if a run should exist by now: maintenance builds one soon after each flush."""
+        if (self._storage.location, path) in _REPORTED:
+            return  # said already: no need to list the generation for its age
         flushed_ns = generation_flush_time_ns(self._storage, shard.shard_id, shard.pending_generations[-1][1])
         age = None if flushed_ns is None else time.time() - flushed_ns / 1e9
         if age is not None and age < MISSING_RUN_WARNING_SECONDS:
@@ -372,9 +376,8 @@ class PendingRuns:
         )
 
     def _report(self, shard: ShardState, path: str, problem: str) -> None:
-        """Warn once per shard and pending set: every read would say the same."""
-        with self._lock:
-            first = (shard.shard_id, path) not in self._reported
-            self._reported.add((shard.shard_id, path))
-        if first:
+        """Warn once per process, shard and pending set: every read, of any table object, would say the same."""
+        said = (self._storage.location, path)
+        if said not in _REPORTED:
+            _REPORTED.get(said, lambda: True)
             log.warning("pending run %s of shard %s %s", path, shard.shard_id, problem)

@@ -96,6 +96,10 @@ def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert_reads_and_lookups(LsmTable.open(table.uri), batches)
     assert caplog.text.count("is missing") == len(table.shard_ids)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert "is missing" not in caplog.text  # said once per process, not once per table object
 
 
 def test_a_run_found_missing_is_looked_for_again_only_after_the_recheck_interval(tmp_path, monkeypatch):
