@@ -281,8 +281,8 @@ class PendingRuns:
     def find(self, shard: ShardState, *, maintenance: bool = False) -> PendingRun | None:
         """The stored run over the longest prefix of ``shard``'s pending generations, if any.
 
-        For a read, a missing or unreadable run is logged (once per shard and
-        pending set), and a run found missing less than
+        For a read, a missing or unreadable run is logged (once per process,
+        shard and pending set), and a run found missing less than
         ``MISSING_RUN_RECHECK_SECONDS`` ago is not looked for again (the run
         over a shorter prefix found then, if any, is the answer). For
         ``maintenance`` (which builds and merges runs) neither: it always looks.
