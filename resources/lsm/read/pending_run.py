@@ -246,10 +246,10 @@ def store_run(storage: TableStorage, run: PendingRun) -> str:
 def read_run(storage: TableStorage, path: str, shard_id: str) -> PendingRun:
     """The run stored at ``path``; ``OSError`` / ``ValueError`` / ``pa.ArrowInvalid`` if unreadable or damaged."""
     data = storage.read_bytes(path)
-    body = data[len(_MAGIC) + 4 :]
+    body = memoryview(data)[len(_MAGIC) + 4 :]  # not a copy: runs of a busy shard are tens of MB
     if not data.startswith(_MAGIC) or zlib.crc32(body) != int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 4], "little"):
         raise ValueError(f"{path} is damaged (checksum mismatch)")
-    table = pa.ipc.open_file(pa.BufferReader(body)).read_all()
+    table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(body))).read_all()
     generations = tuple((int(g), str(d)) for g, d in json.loads((table.schema.metadata or {})[_GENERATIONS]))
     if not generations or run_path(shard_id, generations) != path:
         raise ValueError(f"{path} does not hold the run its name promises")
