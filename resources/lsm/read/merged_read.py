@@ -56,6 +56,9 @@ from .pk_bloom import GenerationFilters
 
 BASE_BATCH_ROWS = 65_536
 """Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
+_MIN_BASE_BATCHES = 16
+"""Batches a scan of a small base is cut into at least (down to 8k rows each): a base read in a few large
+batches decodes them with little overlap (300k rows of strings: 16k-row batches 17% faster than 64k)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,8 @@ def scan(
     """
     key = list(primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    base = dataset.scanner(columns=wanted, filter=filter, batch_size=BASE_BATCH_ROWS, with_row_address=True).to_reader()
+    batch_rows = min(BASE_BATCH_ROWS, max(8192, dataset.count_rows() // _MIN_BASE_BATCHES))
+    base = dataset.scanner(columns=wanted, filter=filter, batch_size=batch_rows, with_row_address=True).to_reader()
     try:
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
