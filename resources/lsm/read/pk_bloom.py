@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, TypeAlias, cast
 
@@ -147,21 +145,21 @@ def _block_positions(key_hashes: np.ndarray, size: int) -> np.ndarray:
     return positions
 
 
-class GenerationFilters:
-    """Per-table cache of flushed generations' bloom filters (they never change once listed).
+_FILTERS: LruCache[tuple[str, str, str], SplitBlockBloomFilter | None] = LruCache(_CACHED_FILTERS)
+"""Generations' filters (``None``: not trusted) by table location, shard and directory, for the whole process:
+they never change once listed, and every table object opened anew would read and check them again."""
 
-    Bounded: the least recently used filters are dropped first.
-    """
+
+class GenerationFilters:
+    """A table's view of its flushed generations' bloom filters, cached once per process (:data:`_FILTERS`)."""
 
     def __init__(self, storage: TableStorage, key_fields: Sequence[pa.Field]) -> None:
         self._storage = storage
         self._key = [f.name for f in key_fields]
         self._types = [f.type for f in key_fields]
         self._enabled = hashable_key_types(self._types)
-        self._filters: OrderedDict[tuple[str, str], SplitBlockBloomFilter | None] = OrderedDict()
         self._stacks: LruCache[tuple[str, tuple[str, ...]], FilterStack] = LruCache(_CACHED_STACKS)
         """Each shard's trusted filters stacked, kept while lookups ask the same generations."""
-        self._lock = threading.Lock()  # lookups may share a table object across threads
 
     def candidate_keys(
         self, shard_id: str, generations: Sequence[tuple[int, str]], keys: Sequence[Sequence[int | str]]
@@ -187,28 +185,22 @@ class GenerationFilters:
 
     def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""
-        cache_key = (shard_id, directory)
-        with self._lock:
-            if cache_key in self._filters:
-                self._filters.move_to_end(cache_key)
-                return self._filters[cache_key]
-        path = generation_dir(shard_id, directory)
-        bloom: SplitBlockBloomFilter | None
         try:
-            bloom = SplitBlockBloomFilter(self._storage.read_bytes(f"{path}/{BLOOM_FILTER_FILE}"))
+            return _FILTERS.get((self._storage.location, shard_id, directory), lambda: self._load(shard_id, directory))
         except FileNotFoundError:
             return None  # not cached: a flush that listed the generation first may still write it
-        if not self._admits_own_keys(bloom, path):
-            log.warning(
-                "bloom filter of %s does not admit its own keys; not used for pruning (has Lance's key hash changed?)",
-                self._storage.path(path),
-            )
-            bloom = None
-        with self._lock:
-            self._filters[cache_key] = bloom
-            if len(self._filters) > _CACHED_FILTERS:
-                self._filters.popitem(last=False)
-        return bloom
+
+    def _load(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
+        """The generation's filter read and checked; ``FileNotFoundError`` while it is not written yet."""
+        path = generation_dir(shard_id, directory)
+        bloom = SplitBlockBloomFilter(self._storage.read_bytes(f"{path}/{BLOOM_FILTER_FILE}"))
+        if self._admits_own_keys(bloom, path):
+            return bloom
+        log.warning(
+            "bloom filter of %s does not admit its own keys; not used for pruning (has Lance's key hash changed?)",
+            self._storage.path(path),
+        )
+        return None
 
     def _admits_own_keys(self, bloom: SplitBlockBloomFilter, path: str) -> bool:
         generation = lance.dataset(self._storage.uri(path), storage_options=self._storage.storage_options)

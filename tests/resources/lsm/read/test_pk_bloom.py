@@ -133,6 +133,20 @@ def test_a_generation_without_a_filter_is_always_searched(make_table):
     assert LsmTable.open(table.uri).lookup([5, 75])["name"].to_pylist() == ["new", "old"]
 
 
+def test_a_table_object_opened_anew_reads_and_checks_no_filter_again(make_table, monkeypatch):
+    """Filters never change once listed: the process keeps them for every table object (each Dagster step's)."""
+    table, _ = two_generations(make_table)
+    assert table.lookup([5, 75])["name"].to_pylist() == ["new", "old"]
+    reopened = LsmTable.open(table.uri)
+    storage = reopened.handle.storage
+    read: list[str] = []
+    monkeypatch.setattr(
+        storage, "read_bytes", lambda path, read_bytes=storage.read_bytes: read.append(path) or read_bytes(path)
+    )
+    assert reopened.lookup([5, 75])["name"].to_pylist() == ["new", "old"]
+    assert not [path for path in read if path.endswith(BLOOM_FILTER_FILE)]
+
+
 @pytest.mark.parametrize("key_type", [pa.uint16(), pa.large_string()])
 def test_keys_lance_hashes_differently_are_never_pruned(make_table, key_type):
     table = make_table(pa.schema([("id", key_type), ("v", pa.string())]), ["id"], num_shards=1)
