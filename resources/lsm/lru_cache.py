@@ -18,7 +18,8 @@ class LruCache(Generic[K, V]):
     A value is computed outside the lock, so two threads missing the same
     key at once may both compute it (the values are equal: the last one is
     kept). A value larger than ``max_bytes`` is returned but not kept: it
-    would evict every other entry and then itself.
+    would evict every other entry and then itself. A ``compute`` that raises
+    keeps nothing: the next ``get`` computes again.
     """
 
     def __init__(
