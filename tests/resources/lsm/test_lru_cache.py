@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from resources.lsm.lru_cache import LruCache
 
 
@@ -31,3 +33,18 @@ def test_values_are_kept_within_max_bytes_and_one_larger_is_never_kept():
     value("toolong")  # 14 bytes: returned, never kept
     assert [value("b"), value("c"), value("toolong"), value("a")] == ["bb", "cc", "toolongtoolong", "aa"]
     assert computed == ["a", "b", "c", "toolong", "toolong", "a"]
+
+
+def test_a_compute_that_raises_keeps_nothing():
+    cache: LruCache[str, str] = LruCache(max_entries=2)
+    attempts: list[str] = []
+
+    def not_written_yet() -> str:
+        attempts.append("missing")
+        raise FileNotFoundError("not written yet")
+
+    for _ in range(2):
+        with pytest.raises(FileNotFoundError):
+            cache.get("a", not_written_yet)
+    assert attempts == ["missing", "missing"] and "a" not in cache
+    assert cache.get("a", lambda: "written") == "written" and "a" in cache
