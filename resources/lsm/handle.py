@@ -34,7 +34,7 @@ from .format.shard_manifest import wal_entries_present
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .format.version import ShardPosition, TableVersion
-from .read.merged_read import ReadSnapshot, shared_pending_generations
+from .read.merged_read import SHARED_PENDING_GENERATIONS, ReadSnapshot
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import read_wal_tail, wal_entry_cache
@@ -121,7 +121,7 @@ class TableHandle:
         """``last-write-wins`` or ``partial-update`` (tables created before the setting: the former)."""
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
         self.runs = PendingRuns(self.storage)
-        self.pending_cache = shared_pending_generations()
+        self.pending_cache = SHARED_PENDING_GENERATIONS
         self.wal_entries = wal_entry_cache()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -19,7 +21,9 @@ class LruCache(Generic[K, V]):
     key at once may both compute it (the values are equal: the last one is
     kept). A value larger than ``max_bytes`` is returned but not kept: it
     would evict every other entry and then itself. A ``compute`` that raises
-    keeps nothing: the next ``get`` computes again.
+    keeps nothing: the next ``get`` computes again. Safe across ``fork``: a
+    child keeps the entries with a lock of its own (a thread of the parent may
+    have held it), so a cache may live at module level.
     """
 
     def __init__(
@@ -29,6 +33,7 @@ class LruCache(Generic[K, V]):
         self._max_entries, self._max_bytes, self._size_of = max_entries, max_bytes, size_of
         self._bytes = 0
         self._lock = threading.Lock()
+        _CACHES.add(self)
 
     def __contains__(self, key: K) -> bool:
         with self._lock:
@@ -52,3 +57,15 @@ class LruCache(Generic[K, V]):
             while len(self._values) > self._max_entries or self._bytes > self._max_bytes:
                 self._bytes -= self._values.popitem(last=False)[1][1]
         return value
+
+
+_CACHES: weakref.WeakSet[LruCache[Any, Any]] = weakref.WeakSet()
+"""Every cache alive in the process: a forked child gives each a lock of its own."""
+
+
+def _unlock_after_fork() -> None:
+    for cache in list(_CACHES):
+        cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_after_fork)

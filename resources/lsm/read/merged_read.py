@@ -30,7 +30,6 @@ the primary-key checks catch them.
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -360,7 +359,7 @@ class PendingGenerations:
     projections) and ``max_bytes`` of Arrow data are kept, the least recently
     used dropped first; a result larger than ``max_bytes`` is not kept (wide
     vector columns). Safe to share between threads and tables
-    (:func:`shared_pending_generations`).
+    (:data:`SHARED_PENDING_GENERATIONS`).
     """
 
     def __init__(self, capacity: int = 64, max_bytes: int = 1 << 30) -> None:
@@ -382,29 +381,13 @@ class PendingGenerations:
         return self._entries.get(cache_key, resolve)
 
 
-_shared: PendingGenerations | None = None
+SHARED_PENDING_GENERATIONS = PendingGenerations()
+"""The process's resolved pending generations, shared by every table opened in it.
 
-
-def shared_pending_generations() -> PendingGenerations:
-    """The process's resolved pending generations, shared by every table opened in it.
-
-    A reader opened anew (every Dagster step opens its tables) then starts
-    with the generations an earlier reader of the same table resolved: on a
-    300k-row table with 4 generations per shard, reading them is most of a
-    new reader's first scan. A forked child starts a new one.
-    """
-    global _shared
-    if _shared is None:
-        _shared = PendingGenerations()
-    return _shared
-
-
-def _forget_shared() -> None:
-    global _shared
-    _shared = None
-
-
-os.register_at_fork(after_in_child=_forget_shared)
+A reader opened anew (every Dagster step opens its tables) then starts with
+the generations an earlier reader of the same table resolved: on a 300k-row
+table with 4 generations per shard, reading them is most of a new reader's
+first scan."""
 
 
 def lookup(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import pytest
 
 from resources.lsm.lru_cache import LruCache
@@ -48,3 +52,22 @@ def test_a_compute_that_raises_keeps_nothing():
             cache.get("a", not_written_yet)
     assert attempts == ["missing", "missing"] and "a" not in cache
     assert cache.get("a", lambda: "written") == "written" and "a" in cache
+
+
+@pytest.mark.filterwarnings("ignore:lance is not fork-safe")  # the child never touches Lance
+def test_a_forked_child_uses_a_cache_whose_lock_the_parent_held_at_the_fork():
+    """Module-level caches outlive a fork; a parent thread may be inside the cache's lock at that moment."""
+    cache: LruCache[str, str] = LruCache(max_entries=2)
+    cache.get("a", lambda: "A")
+    with cache._lock:  # as a parent thread mid-``get`` would
+        child = os.fork()
+        if child == 0:  # the child: reads the inherited entry and adds one, or hangs on the inherited lock
+            os._exit(0 if (cache.get("a", lambda: "?"), cache.get("b", lambda: "B")) == ("A", "B") else 1)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("the child hung on the lock it inherited")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
