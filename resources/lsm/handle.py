@@ -327,10 +327,9 @@ class TableHandle:
             read_wal_tail(
                 self.storage,
                 s.shard_id,
-                s.replay_after_wal_position,
+                s.wal_entries,
                 dataset.schema,
                 list(self.primary_key),
-                up_to_position=s.wal_position,
                 keys=keys,
                 cache=self.wal_entries,
             )

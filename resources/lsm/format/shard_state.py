@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .layout import VERSIONS_DIR, generation_dir
-from .shard_manifest import list_generation_dirs, list_wal_entries, read_shard_manifest
+from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
 from .storage import TableStorage
 from .version import ShardPosition
 from .wal import sentinel_epoch
@@ -54,6 +54,10 @@ class ShardState:
         The newest WAL entry position durable when the state was read (the
         replay position if no entry follows it): with ``manifest_version``,
         where the shard stood (:class:`~resources.lsm.format.version.ShardPosition`).
+    wal_entries
+        The WAL entry files after the replay position up to ``wal_position``
+        (fence sentinels included), ascending: what a fresh read reads as the
+        tail, without listing the directory again.
     """
 
     shard_id: str
@@ -72,6 +76,7 @@ class ShardState:
     orphan_directories: tuple[str, ...]
     pending_rows: int = 0
     wal_position: int = 0
+    wal_entries: tuple[WalEntryFile, ...] = ()
 
     @property
     def pending_generations(self) -> tuple[tuple[int, str], ...]:
@@ -128,6 +133,7 @@ def load_shard_state(
         if manifest
         else 0,
         wal_position=max((e.position for e in entries), default=replay_after) if at is None else at.wal_position,
+        wal_entries=tuple(entries),
     )
 
 

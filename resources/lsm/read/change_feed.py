@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from ..errors import VersionNotRetainedError
 from ..format.schema import OP_COLUMN, TOMBSTONE_COLUMN
-from ..format.shard_manifest import wal_entries_present
+from ..format.shard_manifest import list_wal_entries, wal_entries_present
 from ..format.shard_state import ShardState
 from ..format.version import TableVersion
 from ..handle import TableHandle
@@ -89,15 +89,10 @@ def _shard_changes(
     """One shard's part of the feed: its keys written after ``old``'s WAL position up to ``new``'s."""
     key = list(handle.primary_key)
     columns = pa.schema([f for f in schema if f.name != OP_COLUMN])
-    written = read_wal_tail(
-        handle.storage,
-        new.shard_id,
-        old.replay_after_wal_position,  # fences are read from the replay position on, as a replay does
-        columns,
-        key,
-        up_to_position=new.wal_position,
-        written_after=old.wal_position,
-    )
+    # Fences are read from the replay position on, as a replay does.
+    listed = list_wal_entries(handle.storage, new.shard_id, after=old.replay_after_wal_position)
+    entries = [e for e in listed if e.position <= new.wal_position]
+    written = read_wal_tail(handle.storage, new.shard_id, entries, columns, key, written_after=old.wal_position)
     deleted = written[TOMBSTONE_COLUMN]
     upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
     gone = written.filter(deleted).select(key)

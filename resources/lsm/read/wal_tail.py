@@ -9,10 +9,12 @@ and were never acknowledged, so they are skipped (as replay does).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 from ..format.schema import conform, empty_tail
-from ..format.shard_manifest import WalEntryFile, list_wal_entries
+from ..format.shard_manifest import WalEntryFile
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry, sentinel_epoch
 from ..lru_cache import LruCache
@@ -32,22 +34,22 @@ def wal_entry_cache() -> WalEntries:
 def read_wal_tail(
     storage: TableStorage,
     shard_id: str,
-    after_position: int,
+    entries: Sequence[WalEntryFile],
     schema: pa.Schema,
     primary_key: list[str],
-    up_to_position: int | None = None,
     written_after: int | None = None,
     keys: pa.Table | None = None,
     cache: WalEntries | None = None,
 ) -> pa.Table:
-    """The newest change per key among WAL entries after ``after_position``.
+    """The newest change per key among a shard's WAL ``entries`` (ascending, as listed).
 
     Returns the table's columns plus ``_tombstone`` (True = deleted), one row
-    per key, or an empty table when the tail is empty. ``up_to_position``
-    (inclusive) pins the tail to the entries a reader planned with, so
-    parallel readers of one snapshot see the same tail. ``written_after``
+    per key, or an empty table when the tail is empty. ``entries`` are those
+    after the shard's replay position up to the position a reader planned
+    with (a state's :attr:`~resources.lsm.format.shard_state.ShardState.wal_entries`),
+    so parallel readers of one snapshot see the same tail. ``written_after``
     keeps only the changes of entries after that position (fences are still
-    read from ``after_position`` on): what was written after a table version.
+    read from the first entry on): what was written after a table version.
     ``keys`` (a table of the key columns) keeps only the changes of those
     keys, taken from each entry before the newest per key is resolved: a
     point lookup beside a busy writer then costs what its keys cost, not
@@ -57,9 +59,7 @@ def read_wal_tail(
     tail_schema = empty_tail(schema).schema
     fence_epoch = 0
     parts = []
-    for entry in list_wal_entries(storage, shard_id, after=after_position):
-        if up_to_position is not None and entry.position > up_to_position:
-            continue
+    for entry in entries:
         if written_after is not None and entry.position <= written_after:  # only its fence counts
             fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
             continue

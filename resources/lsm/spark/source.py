@@ -128,8 +128,8 @@ class ShardPin:
 
     state: ShardState
     """The shard's state above the pinned base version (its pending generations)."""
-    wal_up_to: int | None
-    """WAL entries after the state's replay position up to this one form the tail; ``None``: not read."""
+    reads_tail: bool
+    """Whether the state's WAL entries (:attr:`ShardState.wal_entries`) are read as the shard's tail."""
 
 
 @dataclass(frozen=True)
@@ -238,8 +238,7 @@ class LsmReader(DataSourceReader):
         return [ShardRangePartition(i, dataset.version, slices[i], pins) for i in range(len(pins))]
 
     def _pin(self, state: ShardState) -> ShardPin:
-        tail = self.fresh and state.unflushed_wal_entries > 0
-        return ShardPin(state, state.wal_position if tail else None)
+        return ShardPin(state, self.fresh and state.unflushed_wal_entries > 0)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The partition's rows of the merged view, as batches of the declared schema."""
@@ -274,12 +273,11 @@ class LsmReader(DataSourceReader):
             read_wal_tail(
                 storage,
                 state.shard_id,
-                state.replay_after_wal_position,
+                state.wal_entries,
                 self.table_schema,
                 self.primary_key,
-                up_to_position=pin.wal_up_to,
             )
-            if pin.wal_up_to is not None
+            if pin.reads_tail
             else empty_tail(self.table_schema)
         )
         return ReadSnapshot(dataset, (state,), tail, tuple(self.primary_key), storage, runs=runs)
