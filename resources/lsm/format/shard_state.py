@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from .layout import VERSIONS_DIR, generation_dir
 from .shard_manifest import WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
@@ -78,9 +79,9 @@ class ShardState:
     wal_position: int = 0
     wal_entries: tuple[WalEntryFile, ...] = ()
 
-    @property
+    @cached_property
     def pending_generations(self) -> tuple[tuple[int, str], ...]:
-        """Flushed generations not yet merged into the base table: what readers scan."""
+        """Flushed generations not yet merged into the base table: what readers scan (a read asks often)."""
         return tuple(g for g in self.flushed_generations if g[0] > self.compacted_generation)
 
 

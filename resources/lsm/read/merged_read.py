@@ -480,8 +480,11 @@ def _newest_in_generations(
         return shape.empty_table()
     rows = list(zip(*(keys.column(k).to_pylist() for k in key), strict=True))
     asked = filters.candidate_keys(shard_id, generations, rows)
+    opened = sorted(g for g in asked if asked[g].size)
+    if not opened:
+        return shape.empty_table()  # the usual answer: no filter may hold the keys
     levels = []
-    for generation in sorted(g for g in asked if asked[g].size):
+    for generation in opened:
         dataset = open_generation(snapshot.storage, shard_id, generation[1], snapshot.session)
         wanted_keys = keys.take(pa.array(asked[generation]))
         found = generation_rows(dataset, shape, filter=keys_filter(wanted_keys, key))

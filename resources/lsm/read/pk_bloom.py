@@ -145,6 +145,9 @@ def _block_positions(key_hashes: np.ndarray, size: int) -> np.ndarray:
     return positions
 
 
+_TrustedFilters: TypeAlias = tuple[tuple[tuple[int, str], ...], FilterStack | None]
+"""Generations with a trusted filter, and their filters stacked (``None`` if there is none)."""
+
 _FILTERS: LruCache[tuple[str, str, str], SplitBlockBloomFilter | None] = LruCache(_CACHED_FILTERS)
 """Generations' filters (``None``: not trusted) by table location, shard and directory, for the whole process:
 they never change once listed, and every table object opened anew would read and check them again."""
@@ -158,8 +161,8 @@ class GenerationFilters:
         self._key = [f.name for f in key_fields]
         self._types = [f.type for f in key_fields]
         self._enabled = hashable_key_types(self._types)
-        self._stacks: LruCache[tuple[str, tuple[str, ...]], FilterStack] = LruCache(_CACHED_STACKS)
-        """Each shard's trusted filters stacked, kept while lookups ask the same generations."""
+        self._stacks: LruCache[tuple[str, tuple[tuple[int, str], ...]], _TrustedFilters] = LruCache(_CACHED_STACKS)
+        """Each shard's trusted filters over the generations asked, kept while lookups ask the same ones."""
 
     def candidate_keys(
         self, shard_id: str, generations: Sequence[tuple[int, str]], keys: Sequence[Sequence[int | str]]
@@ -169,11 +172,8 @@ class GenerationFilters:
         if not self._enabled:
             return dict.fromkeys(generations, everyone)
         held = dict.fromkeys(generations, everyone)  # a generation without a trusted filter may hold any key
-        trusted = {g: bloom for g in generations if (bloom := self._filter(shard_id, g[1])) is not None}
-        if trusted:
-            stack = self._stacks.get(
-                (shard_id, tuple(directory for _, directory in trusted)), lambda: FilterStack(list(trusted.values()))
-            )
+        trusted, stack = self._trusted_filters(shard_id, tuple(generations))
+        if stack is not None:
             found = stack.held(pk_hashes(keys, self._types))
             hits = cast(list[bool], found.any(axis=1).tolist())  # most generations hold none of the keys
             none = everyone[:0]
@@ -183,12 +183,34 @@ class GenerationFilters:
             )
         return held
 
-    def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
-        """The generation's filter; ``None`` if it cannot be trusted (never pruned)."""
+    def _trusted_filters(self, shard_id: str, generations: tuple[tuple[int, str], ...]) -> _TrustedFilters:
+        """The generations with a trusted filter, and those filters stacked (``None``: no such generation).
+
+        Kept per shard and generations once every filter is written (a lookup
+        then reads none of them again); while one is missing, resolved anew.
+        """
         try:
-            return _FILTERS.get((self._storage.location, shard_id, directory), lambda: self._load(shard_id, directory))
+            return self._stacks.get((shard_id, generations), lambda: self._stack(shard_id, generations, written=True))
         except FileNotFoundError:
-            return None  # not cached: a flush that listed the generation first may still write it
+            return self._stack(shard_id, generations, written=False)
+
+    def _stack(self, shard_id: str, generations: tuple[tuple[int, str], ...], written: bool) -> _TrustedFilters:
+        """:meth:`_trusted_filters` resolved; a filter not written yet raises ``FileNotFoundError`` if ``written``."""
+        trusted = {}
+        for generation in generations:
+            try:
+                bloom = self._filter(shard_id, generation[1])
+            except FileNotFoundError:
+                if written:
+                    raise
+                continue  # a flush that listed the generation first may still write it
+            if bloom is not None:
+                trusted[generation] = bloom
+        return tuple(trusted), FilterStack(list(trusted.values())) if trusted else None
+
+    def _filter(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
+        """The generation's filter (``FileNotFoundError`` while not written); ``None`` if it cannot be trusted."""
+        return _FILTERS.get((self._storage.location, shard_id, directory), lambda: self._load(shard_id, directory))
 
     def _load(self, shard_id: str, directory: str) -> SplitBlockBloomFilter | None:
         """The generation's filter read and checked; ``FileNotFoundError`` while it is not written yet."""
