@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..lru_cache import LruCache
 from . import protowire
 from .layout import manifest_dir, shard_dir, wal_dir
 from .storage import FileEntry, TableStorage
@@ -83,19 +85,58 @@ class WalEntryFile:
     mtime_ns: int | None
 
 
-def read_shard_manifest(storage: TableStorage, shard_id: str, version: int | None = None) -> ShardManifest | None:
+class KnownManifests:
+    """The shard manifests one table handle has read, so that reading the latest again costs one probe.
+
+    A manifest version's file never changes once written, and versions only
+    grow: the latest version found is where the next search starts (instead
+    of the version hint), and a version read once is not read again. Kept per
+    handle, not per process: a table re-created at the same location starts
+    its versions over.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[str, int] = {}
+        self._manifests: LruCache[tuple[str, int], ShardManifest] = LruCache(_KNOWN_MANIFESTS)
+
+    def latest(self, shard_id: str) -> int | None:
+        """The newest version of the shard's manifest seen so far (0: none yet; ``None``: never looked)."""
+        return self._latest.get(shard_id)
+
+    def saw(self, shard_id: str, version: int) -> None:
+        self._latest[shard_id] = max(version, self._latest.get(shard_id, 0))
+
+    def manifest(self, shard_id: str, version: int, read: Callable[[], ShardManifest]) -> ShardManifest:
+        return self._manifests.get((shard_id, version), read)
+
+
+_KNOWN_MANIFESTS = 64
+"""Manifest versions a handle keeps decoded: a few per shard."""
+
+
+def read_shard_manifest(
+    storage: TableStorage, shard_id: str, version: int | None = None, known: KnownManifests | None = None
+) -> ShardManifest | None:
     """A shard's manifest at ``version`` (default: the latest), or ``None`` at version 0 (never written).
 
     The version hint may lag behind (it is written after the manifest), so the
-    latest is found by probing forward from it until a version is missing.
+    latest is found by probing forward from it until a version is missing;
+    with ``known``, from the latest version it saw instead (one probe when
+    nothing changed), and a version it read is not read again.
     """
     if version is None:
-        version = _hinted_version(storage, manifest_dir(shard_id))
+        seen = known.latest(shard_id) if known else None
+        version = _hinted_version(storage, shard_id) if seen is None else seen
         while storage.exists(manifest_path(shard_id, version + 1)):
             version += 1
+        if known is not None:
+            known.saw(shard_id, version)
     if version == 0:
         return None
-    return decode_shard_manifest(storage.read_bytes(manifest_path(shard_id, version)))
+    path = manifest_path(shard_id, version)
+    if known is None:
+        return decode_shard_manifest(storage.read_bytes(path))
+    return known.manifest(shard_id, version, lambda: decode_shard_manifest(storage.read_bytes(path)))
 
 
 @lru_cache(maxsize=1024)
@@ -174,8 +215,8 @@ def list_generation_dirs(storage: TableStorage, shard_id: str) -> list[tuple[int
     return sorted(found)
 
 
-def _hinted_version(storage: TableStorage, directory: str) -> int:
+def _hinted_version(storage: TableStorage, shard_id: str) -> int:
     try:
-        return int(json.loads(storage.read_bytes(f"{directory}/version_hint.json"))["version"])
+        return int(json.loads(storage.read_bytes(f"{manifest_dir(shard_id)}/version_hint.json"))["version"])
     except (FileNotFoundError, KeyError, ValueError):
         return 0

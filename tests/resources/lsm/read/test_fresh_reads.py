@@ -10,6 +10,7 @@ import sys
 
 import pyarrow as pa
 
+from resources.lsm import LsmTable
 from tests.helpers import rows_by_key
 from tests.resources.lsm.read.writer_child import acknowledge
 
@@ -97,3 +98,32 @@ def test_a_reader_reads_each_wal_entry_once_and_still_sees_every_new_one(make_ta
     assert set(rows_by_key(table.read())) == {(k,) for k in range(1, 30)}
     assert table.count() == 29
     assert len(wal_reads) == len(set(wal_reads)), "every WAL entry read once"
+
+
+def test_a_reader_reads_each_shard_manifest_once_and_still_sees_every_new_version(make_table):
+    """A fresh read finds each shard's latest manifest from the last one its handle saw: one probe when unchanged."""
+    table = make_table()
+    table.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["a"] * 10, "price": [1.0] * 10}))
+    table.close()
+    reader = LsmTable.open(table.uri)
+    storage = reader.handle.storage
+    manifest_reads: list[str] = []
+    read_bytes = storage.read_bytes
+
+    def counting_read_bytes(path: str) -> bytes:
+        if "/manifest/" in path:
+            manifest_reads.append(path)
+        return read_bytes(path)
+
+    storage.read_bytes = counting_read_bytes  # type: ignore[method-assign]
+    assert set(rows_by_key(reader.read())) == {(k,) for k in range(10)}
+    read_once = len(manifest_reads)
+    assert read_once > 0
+    assert reader.lookup([3])["name"].to_pylist() == ["a"] and reader.count() == 10
+    assert len(manifest_reads) == read_once, "no manifest or version hint read again while nothing changed"
+
+    table.write(pa.table({"id": pa.array(range(5, 15), pa.int64()), "name": ["b"] * 10, "price": [2.0] * 10}))
+    table.close()  # new manifest versions on the shards written
+    fresh = rows_by_key(reader.read())
+    assert set(fresh) == {(k,) for k in range(15)} and fresh[(7,)]["name"] == "b"
+    assert len(manifest_reads) == len(set(manifest_reads)), "every manifest version read once"
