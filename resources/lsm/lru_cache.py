@@ -46,17 +46,38 @@ class LruCache(Generic[K, V]):
                 self._values.move_to_end(key)
                 return self._values[key][0]
         value = compute()
+        self.put(key, value)
+        return value
+
+    def find(self, key: K) -> V | None:
+        """The value cached under ``key`` (now the most recently used), or ``None`` if there is none."""
+        with self._lock:
+            entry = self._values.get(key)
+            if entry is None:
+                return None
+            self._values.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: K, value: V) -> None:
+        """Cache ``value`` under ``key`` (replacing any), dropping the least recently used beyond the bounds."""
         size = self._size_of(value)
         if size > self._max_bytes:
-            return value
+            return
         with self._lock:
-            if (replaced := self._values.pop(key, None)) is not None:
-                self._bytes -= replaced[1]
+            self._drop(key)
             self._values[key] = (value, size)
             self._bytes += size
             while len(self._values) > self._max_entries or self._bytes > self._max_bytes:
                 self._bytes -= self._values.popitem(last=False)[1][1]
-        return value
+
+    def discard(self, key: K) -> None:
+        """Drop the value cached under ``key``, if any."""
+        with self._lock:
+            self._drop(key)
+
+    def _drop(self, key: K) -> None:
+        if (dropped := self._values.pop(key, None)) is not None:
+            self._bytes -= dropped[1]
 
 
 _CACHES: weakref.WeakSet[LruCache[Any, Any]] = weakref.WeakSet()

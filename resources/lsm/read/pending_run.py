@@ -42,7 +42,6 @@ import math
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -80,6 +79,8 @@ _MAGIC = b"LSMRUN1\n"
 """A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
 _REPORTED: LruCache[tuple[str, str], bool] = LruCache(max_entries=4096)
 """Runs (table location, run path) this process warned about: every table object opened anew would warn again."""
+_CACHED_RUNS = 1024
+"""Runs a table handle keeps at most (besides its byte budget): a few per shard are ever in use."""
 
 Generations = tuple[tuple[int, str], ...]
 """``(generation, directory)`` pairs, ascending."""
@@ -271,12 +272,16 @@ class PendingRuns:
     """
 
     def __init__(self, storage: TableStorage, max_bytes: int = 1 << 30) -> None:
-        self._storage, self._max_bytes = storage, max_bytes
-        self._runs: OrderedDict[str, PendingRun] = OrderedDict()
+        self._storage = storage
+        self._runs: LruCache[str, PendingRun] = LruCache(
+            _CACHED_RUNS, max_bytes=max_bytes, size_of=lambda run: run.changes.nbytes
+        )
+        """Runs by path."""
         self._missing: dict[str, tuple[float, str | None]] = {}
         """Each missing run's path: when it was found missing (``time.monotonic()``), and the run over a
         shorter prefix of its generations found instead (its path), if any."""
         self._lock = threading.Lock()
+        """Guards ``_missing``."""
 
     def find(self, shard: ShardState, *, maintenance: bool = False) -> PendingRun | None:
         """The stored run over the longest prefix of ``shard``'s pending generations, if any.
@@ -291,19 +296,18 @@ class PendingRuns:
         if not pending:
             return None
         full = run_path(shard.shard_id, pending)
+        if (cached := self._runs.find(full)) is not None:
+            return cached
         with self._lock:
-            if (cached := self._runs.get(full)) is not None:
-                self._runs.move_to_end(full)
-                return cached
             seen, prefix = self._missing.get(full, (-math.inf, None))
-            if not maintenance and time.monotonic() - seen < MISSING_RUN_RECHECK_SECONDS:
-                if prefix is None:
-                    return None
-                if (cached := self._runs.get(prefix)) is not None:
-                    return cached
+        if not maintenance and time.monotonic() - seen < MISSING_RUN_RECHECK_SECONDS:
+            if prefix is None:
+                return None
+            if (cached := self._runs.find(prefix)) is not None:
+                return cached
         found: PendingRun | None = None
         for path in self._stored(shard.shard_id, pending):
-            if (found := self._runs.get(path)) is not None:
+            if (found := self._runs.find(path)) is not None:
                 break
             try:
                 found = read_run(self._storage, path, shard.shard_id)
@@ -338,8 +342,7 @@ class PendingRuns:
 
     def forget(self, run: PendingRun) -> None:
         """Drop ``run`` from the cache (its vector went stale: a rebuilt one may be stored)."""
-        with self._lock:
-            self._runs.pop(run_path(run.shard_id, run.generations), None)
+        self._runs.discard(run_path(run.shard_id, run.generations))
 
     def _stored(self, shard_id: str, pending: Generations) -> Iterator[str]:
         """Paths of runs over prefixes of ``pending``, longest first.
@@ -354,11 +357,9 @@ class PendingRuns:
 
     def remember(self, run: PendingRun) -> None:
         """Cache ``run`` (just built or read)."""
+        self._runs.put(run_path(run.shard_id, run.generations), run)
         with self._lock:
-            self._runs[run_path(run.shard_id, run.generations)] = run
             self._missing.clear()
-            while self._runs and sum(r.changes.nbytes for r in self._runs.values()) > self._max_bytes:
-                self._runs.popitem(last=False)
 
     def _report_missing(self, shard: ShardState, path: str) -> None:
         """Warn if a run should exist by now: maintenance builds one soon after each flush."""
@@ -379,5 +380,5 @@ class PendingRuns:
         """Warn once per process, shard and pending set: every read, of any table object, would say the same."""
         said = (self._storage.location, path)
         if said not in _REPORTED:
-            _REPORTED.get(said, lambda: True)
+            _REPORTED.put(said, True)
             log.warning("pending run %s of shard %s %s", path, shard.shard_id, problem)

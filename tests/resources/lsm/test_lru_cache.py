@@ -71,3 +71,18 @@ def test_a_forked_child_uses_a_cache_whose_lock_the_parent_held_at_the_fork():
         os.waitpid(child, 0)
         pytest.fail("the child hung on the lock it inherited")
     assert os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_values_put_found_and_discarded_keep_the_byte_budget():
+    cache: LruCache[str, str] = LruCache(max_entries=10, max_bytes=6, size_of=len)
+    cache.put("a", "aaa")
+    cache.put("b", "bb")
+    assert cache.find("a") == "aaa" and cache.find("zz") is None
+    cache.put("c", "cc")  # 7 bytes: drops "b", the least recently used since "a" was found
+    assert [cache.find(k) for k in "abc"] == ["aaa", None, "cc"]
+    cache.discard("a")
+    cache.put("d", "dddd")  # fits only because "a" no longer counts
+    assert [cache.find(k) for k in "acd"] == [None, "cc", "dddd"]
+    cache.put("d", "d")  # a replaced value's bytes are released too
+    cache.put("e", "eee")  # 6 bytes with "c" and "d"
+    assert [cache.find(k) for k in "cde"] == ["cc", "d", "eee"]

@@ -81,7 +81,8 @@ def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_sca
     probes = [k for (k,) in list(expected)[:40]] + sorted(deleted)[:10] + [999_999]
     answers = [rows_by_key(table.lookup([k])) for k in probes]  # the first ones scan, the later ones hash
     assert answers == [{(k,): expected[(k,)]} if (k,) in expected else {} for k in probes]
-    assert all(run.key_index(table.primary_key) is not None for run in table.handle.runs._runs.values())
+    runs = [table.handle.runs.find(shard) for shard in table.shards() if shard.pending_generations]
+    assert runs and all(run is not None and run.key_index(table.primary_key) is not None for run in runs)
     assert rows_by_key(table.lookup(probes)) == {(k,): expected[(k,)] for k in probes if (k,) in expected}
 
 
