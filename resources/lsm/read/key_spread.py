@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-
 import lance
 import pyarrow.compute as pc
 
+from ..lru_cache import LruCache
+
 _SAMPLE_ROWS = 65_536
-_spreads: dict[tuple[str, tuple[str, ...]], dict[str, int]] = {}
-_lock = threading.Lock()
+_SPREADS: LruCache[tuple[str, tuple[str, ...]], dict[str, int]] = LruCache(max_entries=1024)
+"""Each table's estimate, by location and key columns."""
 
 
 def key_spread(dataset: lance.LanceDataset, key: list[str]) -> dict[str, int]:
@@ -24,14 +24,11 @@ def key_spread(dataset: lance.LanceDataset, key: list[str]) -> dict[str, int]:
     if len(key) < 2:
         return {}
     cache_key = (dataset.uri, tuple(key))
-    with _lock:
-        known = _spreads.get(cache_key)
-    if known is not None:
+    if (known := _SPREADS.find(cache_key)) is not None:
         return known
     sample = dataset.to_table(columns=key, limit=_SAMPLE_ROWS)
     if not sample.num_rows:
         return {}
     spread = {name: pc.count_distinct(sample.column(name)).as_py() for name in key}
-    with _lock:
-        _spreads[cache_key] = spread
+    _SPREADS.put(cache_key, spread)
     return spread
