@@ -88,6 +88,8 @@ class KeyIndex:
 
     def __init__(self, table: pa.Table, key: list[str]) -> None:
         self._key = key
+        self.nbytes = 2 * table.select(key).nbytes + 8 * table.num_rows
+        """About what the index holds in memory (its keys, twice for Python's objects, and a row per key)."""
         column = table.column(key[0])
         self._hashed: dict[tuple[object, ...], int] | None = None
         if len(key) == 1 and (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):

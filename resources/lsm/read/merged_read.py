@@ -33,6 +33,7 @@ import itertools
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import lance
 import numpy as np
@@ -46,6 +47,7 @@ from ..format.storage import TableStorage
 from ..lru_cache import LruCache
 from .deletion_vector import DeletionVector, SupersededRows, count_base_rows, fragment_ids
 from .filter_text import keys_filter
+from .generation_keys import generation_key_index
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
 from .key_spread import key_spread
@@ -473,7 +475,8 @@ def _newest_in_generations(
     """The newest change (with ``_tombstone``) of each of ``keys`` over ``generations`` of one shard.
 
     Only generations whose bloom filter may hold one of the keys are opened,
-    each asked for those keys only.
+    each asked for those keys only; a generation lookups keep opening is
+    first asked its key index (:mod:`~resources.lsm.read.generation_keys`).
     """
     key = list(snapshot.primary_key)
     if not generations or not keys.num_rows:
@@ -485,9 +488,12 @@ def _newest_in_generations(
         return shape.empty_table()  # the usual answer: no filter may hold the keys
     levels = []
     for generation in opened:
-        dataset = open_generation(snapshot.storage, shard_id, generation[1], snapshot.session)
         wanted_keys = keys.take(pa.array(asked[generation]))
-        found = generation_rows(dataset, shape, filter=keys_filter(wanted_keys, key))
+        opener = partial(open_generation, snapshot.storage, shard_id, generation[1], snapshot.session)
+        index = generation_key_index(snapshot.storage, shard_id, generation[1], key, opener)
+        if index is not None and not len(index.rows(wanted_keys)):
+            continue  # the filter's "maybe" was false
+        found = generation_rows(opener(), shape, filter=keys_filter(wanted_keys, key))
         levels.append(key_join(found, wanted_keys, key, "left semi"))
     return newest_per_key(levels, shape, key)
 

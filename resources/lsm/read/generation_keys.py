@@ -1,0 +1,48 @@
+"""Which keys a flushed generation holds, for lookups that keep asking it: its key index, kept per process.
+
+A lookup opens a generation newer than its shard's run when the
+generation's bloom filter may hold the key. Lance's filters are 32 KiB
+whatever the generation's size: a 100k-row generation (a full MemTable
+beside a busy writer) answers "maybe" for most keys, and each maybe costs
+a filtered read of the whole generation (about 1 ms at 100k rows). A
+generation asked ``READS_BEFORE_KEY_INDEX`` times gets an index of its keys
+(:class:`~resources.lsm.read.key_sets.KeyIndex`), and then is read only for
+keys it holds. A flushed generation never changes, so the index is kept
+for the process, shared by every table object, until evicted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import lance
+
+from ..format.storage import TableStorage
+from ..lru_cache import LruCache
+from .key_sets import KeyIndex
+
+READS_BEFORE_KEY_INDEX = 4
+"""Filtered reads of a generation by lookups before its keys are indexed (a one-off lookup never pays for it)."""
+
+_Generation = tuple[str, str, str, tuple[str, ...]]
+"""Table location, shard, generation directory and key columns."""
+
+_READS: LruCache[_Generation, Iterator[int]] = LruCache(max_entries=4096)
+_INDEXES: LruCache[_Generation, KeyIndex] = LruCache(
+    max_entries=1024, max_bytes=256 << 20, size_of=lambda index: index.nbytes
+)
+
+
+def generation_key_index(
+    storage: TableStorage, shard_id: str, directory: str, key: list[str], open: Callable[[], lance.LanceDataset]
+) -> KeyIndex | None:
+    """The generation's key index, once lookups asked it ``READS_BEFORE_KEY_INDEX`` times (``None`` before).
+
+    ``open`` opens the generation: its live keys are read once, when the
+    index is built.
+    """
+    generation = (storage.location, shard_id, directory, tuple(key))
+    if generation not in _INDEXES and next(_READS.get(generation, itertools.count)) < READS_BEFORE_KEY_INDEX:
+        return None
+    return _INDEXES.get(generation, lambda: KeyIndex(open().to_table(columns=key), key))
