@@ -10,7 +10,8 @@ pending run). The newest-wins answer is unchanged: a skipped generation has
 no row, live or deleted, for that key. Every filter is 32 KiB in 14.0.2:
 measured, no false positives at 2.5k keys, but 60% at 90k keys (near the
 default 100k-row MemTable), so smaller MemTables (``max_memtable_rows``)
-make lookups cheaper.
+make lookups cheaper; a generation lookups keep opening is indexed instead
+(:mod:`~resources.lsm.read.generation_keys`).
 
 The key hash is Lance's ``compute_pk_hash``: Rust's ``DefaultHasher``
 (SipHash-1-3 with zero keys) fed, per key column, a null-flag byte and the
