@@ -35,14 +35,17 @@ _INDEXES: LruCache[_Generation, KeyIndex] = LruCache(
 
 
 def generation_key_index(
-    storage: TableStorage, shard_id: str, directory: str, key: list[str], open: Callable[[], lance.LanceDataset]
+    storage: TableStorage,
+    shard_id: str,
+    directory: str,
+    key: list[str],
+    open_generation: Callable[[], lance.LanceDataset],
 ) -> KeyIndex | None:
     """The generation's key index, once lookups asked it ``READS_BEFORE_KEY_INDEX`` times (``None`` before).
 
-    ``open`` opens the generation: its live keys are read once, when the
-    index is built.
+    Its live keys (deletes included) are read once, when the index is built.
     """
     generation = (storage.location, shard_id, directory, tuple(key))
     if generation not in _INDEXES and next(_READS.get(generation, itertools.count)) < READS_BEFORE_KEY_INDEX:
         return None
-    return _INDEXES.get(generation, lambda: KeyIndex(open().to_table(columns=key), key))
+    return _INDEXES.get(generation, lambda: KeyIndex(open_generation().to_table(columns=key), key))
