@@ -77,16 +77,7 @@ def test_a_reader_reads_each_wal_entry_once_and_still_sees_every_new_one(make_ta
     """Beside a busy writer every fresh read meets the whole tail again: the handle keeps the entries it read."""
     table = make_table()
     child = writer_process(table.uri)
-    storage = table.handle.storage
-    wal_reads: list[str] = []
-    read_bytes = storage.read_bytes
-
-    def counting_read_bytes(path: str) -> bytes:
-        if "/wal/" in path:
-            wal_reads.append(path)
-        return read_bytes(path)
-
-    storage.read_bytes = counting_read_bytes  # type: ignore[method-assign]
+    wal_reads = reads_of(table, "/wal/")
     acknowledge(child, "upsert", 0, 20)
     assert set(rows_by_key(table.read())) == {(k,) for k in range(20)}
     read_once = len(wal_reads)
@@ -106,16 +97,7 @@ def test_a_reader_reads_each_shard_manifest_once_and_still_sees_every_new_versio
     table.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["a"] * 10, "price": [1.0] * 10}))
     table.close()
     reader = LsmTable.open(table.uri)
-    storage = reader.handle.storage
-    manifest_reads: list[str] = []
-    read_bytes = storage.read_bytes
-
-    def counting_read_bytes(path: str) -> bytes:
-        if "/manifest/" in path:
-            manifest_reads.append(path)
-        return read_bytes(path)
-
-    storage.read_bytes = counting_read_bytes  # type: ignore[method-assign]
+    manifest_reads = reads_of(reader, "/manifest/")
     assert set(rows_by_key(reader.read())) == {(k,) for k in range(10)}
     read_once = len(manifest_reads)
     assert read_once > 0
@@ -127,3 +109,18 @@ def test_a_reader_reads_each_shard_manifest_once_and_still_sees_every_new_versio
     fresh = rows_by_key(reader.read())
     assert set(fresh) == {(k,) for k in range(15)} and fresh[(7,)]["name"] == "b"
     assert len(manifest_reads) == len(set(manifest_reads)), "every manifest version read once"
+
+
+def reads_of(table: LsmTable, part: str) -> list[str]:
+    """The files with ``part`` in their path that ``table`` reads from now on, appended as they are read."""
+    storage = table.handle.storage
+    paths: list[str] = []
+    read_bytes = storage.read_bytes
+
+    def recording_read_bytes(path: str) -> bytes:
+        if part in path:
+            paths.append(path)
+        return read_bytes(path)
+
+    storage.read_bytes = recording_read_bytes  # type: ignore[method-assign]
+    return paths
