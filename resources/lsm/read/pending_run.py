@@ -79,6 +79,9 @@ _MAGIC = b"LSMRUN1\n"
 """A run file is this magic, the CRC-32 of the rest (4 bytes, little-endian), then an Arrow IPC file."""
 _REPORTED: LruCache[tuple[str, str], bool] = LruCache(max_entries=4096)
 """Runs (table location, run path) this process warned about: every table object opened anew would warn again."""
+_ALIGNED = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)
+"""The body follows a 12-byte header, so its buffers sit 4 bytes off their types' alignment in the bytes read:
+they are copied to aligned memory (0.6 ms for 16 MB), or Acero warns on every join and numpy reads them unaligned."""
 _CACHED_RUNS = 1024
 """Runs a table handle keeps at most (besides its byte budget): a few per shard are ever in use."""
 
@@ -247,10 +250,10 @@ def store_run(storage: TableStorage, run: PendingRun) -> str:
 def read_run(storage: TableStorage, path: str, shard_id: str) -> PendingRun:
     """The run stored at ``path``; ``OSError`` / ``ValueError`` / ``pa.ArrowInvalid`` if unreadable or damaged."""
     data = storage.read_bytes(path)
-    body = memoryview(data)[len(_MAGIC) + 4 :]  # not a copy: runs of a busy shard are tens of MB
+    body = memoryview(data)[len(_MAGIC) + 4 :]  # not a copy (runs of a busy shard are tens of MB): see _ALIGNED
     if not data.startswith(_MAGIC) or zlib.crc32(body) != int.from_bytes(data[len(_MAGIC) : len(_MAGIC) + 4], "little"):
         raise ValueError(f"{path} is damaged (checksum mismatch)")
-    table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(body))).read_all()
+    table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(body)), options=_ALIGNED).read_all()
     generations = tuple((int(g), str(d)) for g, d in json.loads((table.schema.metadata or {})[_GENERATIONS]))
     if not generations or run_path(shard_id, generations) != path:
         raise ValueError(f"{path} does not hold the run its name promises")
