@@ -30,7 +30,7 @@ from .format.merge_claims import CLAIMS, merged_through, read_claims, unsettled
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, LAST_WRITE_WINS, empty_tail
-from .format.shard_manifest import KnownManifests, wal_entries_present
+from .format.shard_manifest import KnownManifests, wal_entries_complete
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .format.version import ShardPosition, TableVersion
@@ -282,7 +282,7 @@ class TableHandle:
 
     def _check_retained(self, version: TableVersion, state: ShardState) -> None:
         """Raise :class:`VersionNotRetainedError` if a file ``state`` (read at ``version``) lists is gone."""
-        if not wal_entries_present(self.storage, state.shard_id, state.replay_after_wal_position, state.wal_position):
+        if not wal_entries_complete(state.wal_entries, state.replay_after_wal_position, state.wal_position):
             raise VersionNotRetainedError(version, f"WAL entries of shard {state.bucket} were removed")
         for generation, directory in state.pending_generations:
             if not self.storage.exists(generation_dir(state.shard_id, directory)):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -185,13 +185,12 @@ def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> l
     return sorted(entries, key=lambda e: e.position)
 
 
-def wal_entries_present(storage: TableStorage, shard_id: str, after: int, up_to: int) -> bool:
-    """Whether every WAL entry of a shard after position ``after`` up to ``up_to`` is still on storage.
+def wal_entries_complete(listed: Iterable[WalEntryFile], after: int, up_to: int) -> bool:
+    """Whether ``listed`` (a listing of a shard's WAL entries) holds every position after ``after`` up to ``up_to``.
 
     Positions are numbered without gaps, so a count of the listed entries tells.
     """
-    listed = list_wal_entries(storage, shard_id, after=after)
-    return sum(1 for e in listed if e.position <= up_to) >= up_to - after
+    return sum(1 for e in listed if after < e.position <= up_to) >= up_to - after
 
 
 @lru_cache(maxsize=1 << 14)

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from ..errors import VersionNotRetainedError
 from ..format.schema import OP_COLUMN, TOMBSTONE_COLUMN
-from ..format.shard_manifest import list_wal_entries, wal_entries_present
+from ..format.shard_manifest import WalEntryFile, list_wal_entries, wal_entries_complete
 from ..format.shard_state import ShardState
 from ..format.version import TableVersion
 from ..handle import TableHandle
@@ -59,14 +59,14 @@ def changes(handle: TableHandle, since: TableVersion, until: TableVersion) -> pa
         raise ValueError(f"until ({until}) is older than since ({since})")
     before = handle.snapshot(True, as_of=since)
     after = handle.snapshot(True, as_of=until)
-    shards = list(zip(before.shards, after.shards, strict=True))
-    for old, new in shards:
-        _check_written_entries(handle, since, old, new)
+    pairs = zip(before.shards, after.shards, strict=True)
+    shards = [(old, new, _written_entries(handle, since, old, new)) for old, new in pairs]
     schema = change_schema(after.dataset.schema, list(handle.primary_key))
 
     def batches() -> Iterator[pa.RecordBatch]:
-        for old, new in shards:
-            yield from _shard_changes(handle, before, old, new, schema).to_batches(max_chunksize=ROWS_PER_BATCH)
+        for old, new, entries in shards:
+            changes = _shard_changes(handle, before, new, entries, old.wal_position, schema)
+            yield from changes.to_batches(max_chunksize=ROWS_PER_BATCH)
 
     return pa.RecordBatchReader.from_batches(schema, (b for b in batches() if b.num_rows))
 
@@ -77,22 +77,31 @@ def change_schema(columns: pa.Schema, primary_key: list[str]) -> pa.Schema:
     return pa.schema([*fields, pa.field(OP_COLUMN, pa.string(), nullable=False)])
 
 
-def _check_written_entries(handle: TableHandle, since: TableVersion, old: ShardState, new: ShardState) -> None:
-    """Raise :class:`VersionNotRetainedError` unless the WAL entries written from ``old`` to ``new`` are all there."""
-    if not wal_entries_present(handle.storage, new.shard_id, old.wal_position, new.wal_position):
+def _written_entries(handle: TableHandle, since: TableVersion, old: ShardState, new: ShardState) -> list[WalEntryFile]:
+    """The shard's WAL entries from ``old``'s replay position (fences are read from there, as a replay does)
+    up to ``new``'s position, listed once.
+
+    Raises :class:`VersionNotRetainedError` unless the entries written from ``old`` to ``new`` are all there.
+    """
+    listed = list_wal_entries(handle.storage, new.shard_id, after=old.replay_after_wal_position)
+    entries = [e for e in listed if e.position <= new.wal_position]
+    if not wal_entries_complete(entries, old.wal_position, new.wal_position):
         raise VersionNotRetainedError(since, f"WAL entries of shard {new.bucket} were removed")
+    return entries
 
 
 def _shard_changes(
-    handle: TableHandle, before: ReadSnapshot, old: ShardState, new: ShardState, schema: pa.Schema
+    handle: TableHandle,
+    before: ReadSnapshot,
+    new: ShardState,
+    entries: list[WalEntryFile],
+    written_after: int,
+    schema: pa.Schema,
 ) -> pa.Table:
-    """One shard's part of the feed: its keys written after ``old``'s WAL position up to ``new``'s."""
+    """One shard's part of the feed: its keys written in ``entries`` after position ``written_after``."""
     key = list(handle.primary_key)
     columns = pa.schema([f for f in schema if f.name != OP_COLUMN])
-    # Fences are read from the replay position on, as a replay does.
-    listed = list_wal_entries(handle.storage, new.shard_id, after=old.replay_after_wal_position)
-    entries = [e for e in listed if e.position <= new.wal_position]
-    written = read_wal_tail(handle.storage, new.shard_id, entries, columns, key, written_after=old.wal_position)
+    written = read_wal_tail(handle.storage, new.shard_id, entries, columns, key, written_after=written_after)
     deleted = written[TOMBSTONE_COLUMN]
     upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
     gone = written.filter(deleted).select(key)
