@@ -112,3 +112,18 @@ def run_cli_job(job: str, env: dict[str, str], config: Path | None = None, timeo
     assert result.returncode == 0, output[-5000:]
     assert "RUN_SUCCESS" in output, output[-5000:]
     return output
+
+
+def reads_of(table: LsmTable, part: str) -> list[str]:
+    """The files with ``part`` in their path that ``table`` reads from now on, appended as they are read."""
+    storage = table.handle.storage
+    paths: list[str] = []
+    read_bytes = storage.read_bytes
+
+    def recording_read_bytes(path: str) -> bytes:
+        if part in path:
+            paths.append(path)
+        return read_bytes(path)
+
+    storage.read_bytes = recording_read_bytes  # type: ignore[method-assign]
+    return paths

@@ -11,7 +11,7 @@ import sys
 import pyarrow as pa
 
 from resources.lsm import LsmTable
-from tests.helpers import rows_by_key
+from tests.helpers import reads_of, rows_by_key
 from tests.resources.lsm.read.writer_child import acknowledge
 
 
@@ -109,18 +109,3 @@ def test_a_reader_reads_each_shard_manifest_once_and_still_sees_every_new_versio
     fresh = rows_by_key(reader.read())
     assert set(fresh) == {(k,) for k in range(15)} and fresh[(7,)]["name"] == "b"
     assert len(manifest_reads) == len(set(manifest_reads)), "every manifest version read once"
-
-
-def reads_of(table: LsmTable, part: str) -> list[str]:
-    """The files with ``part`` in their path that ``table`` reads from now on, appended as they are read."""
-    storage = table.handle.storage
-    paths: list[str] = []
-    read_bytes = storage.read_bytes
-
-    def recording_read_bytes(path: str) -> bytes:
-        if part in path:
-            paths.append(path)
-        return read_bytes(path)
-
-    storage.read_bytes = recording_read_bytes  # type: ignore[method-assign]
-    return paths

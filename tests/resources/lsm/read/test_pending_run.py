@@ -20,7 +20,7 @@ from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
-from tests.helpers import REPO_ROOT, drop_pending_runs, rows_by_key
+from tests.helpers import REPO_ROOT, drop_pending_runs, reads_of, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
 
 LOGGER = "resources.lsm.read.pending_run"
@@ -126,9 +126,7 @@ def test_a_run_found_missing_is_looked_for_again_only_after_the_recheck_interval
 
     shard = reader.shards()[0]
     assert maintainer.handle.runs.find(shard, maintenance=True) is not None  # maintenance always looks
-    looks: list[str] = []
-    storage = reader.handle.storage
-    monkeypatch.setattr(storage, "read_bytes", lambda path, read=storage.read_bytes: looks.append(path) or read(path))
+    looks = reads_of(reader, "")
     assert reader.handle.runs.find(shard) is None and not looks  # a read within the interval: no I/O
     assert_reads_and_lookups(reader, batches)  # and reads stay right without the run
     monkeypatch.setattr(pending_run, "MISSING_RUN_RECHECK_SECONDS", 0.0)

@@ -20,7 +20,7 @@ from resources.lsm.read.pk_bloom import (
     SplitBlockBloomFilter,
     pk_hashes,
 )
-from tests.helpers import drop_pending_runs, rows_by_key
+from tests.helpers import drop_pending_runs, reads_of, rows_by_key
 
 KEYED_SCHEMAS = {
     "int64": (pa.schema([("id", pa.int64()), ("v", pa.string())]), ["id"]),
@@ -133,18 +133,14 @@ def test_a_generation_without_a_filter_is_always_searched(make_table):
     assert LsmTable.open(table.uri).lookup([5, 75])["name"].to_pylist() == ["new", "old"]
 
 
-def test_a_table_object_opened_anew_reads_and_checks_no_filter_again(make_table, monkeypatch):
+def test_a_table_object_opened_anew_reads_and_checks_no_filter_again(make_table):
     """Filters never change once listed: the process keeps them for every table object (each Dagster step's)."""
     table, _ = two_generations(make_table)
     assert table.lookup([5, 75])["name"].to_pylist() == ["new", "old"]
     reopened = LsmTable.open(table.uri)
-    storage = reopened.handle.storage
-    read: list[str] = []
-    monkeypatch.setattr(
-        storage, "read_bytes", lambda path, read_bytes=storage.read_bytes: read.append(path) or read_bytes(path)
-    )
+    filter_reads = reads_of(reopened, BLOOM_FILTER_FILE)
     assert reopened.lookup([5, 75])["name"].to_pylist() == ["new", "old"]
-    assert not [path for path in read if path.endswith(BLOOM_FILTER_FILE)]
+    assert not filter_reads
 
 
 @pytest.mark.parametrize("key_type", [pa.uint16(), pa.large_string()])
