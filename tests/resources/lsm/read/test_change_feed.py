@@ -8,7 +8,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from resources.lsm import LsmTable
+from resources.lsm import LsmTable, VersionNotRetainedError
 from resources.lsm.read import change_feed
 from resources.lsm.testing.changegen import EVENTS_SCHEMA
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, run_worker
@@ -115,3 +115,25 @@ def test_until_before_since_is_refused(make_table):
     table.write(pa.table({"id": [1], "customer": ["a"], "amount": [1.0], "status": ["new"]}))
     with pytest.raises(ValueError, match="older than since"):
         table.changes(since=table.version(), until=early)
+
+
+def test_a_feed_over_wal_entries_removed_in_between_is_refused(tmp_path):
+    # Both versions' own tails are intact: only an entry written between them is gone (removed by hand).
+    table = LsmTable.create(str(tmp_path / "t.lance"), EVENTS_SCHEMA, ["id"], num_shards=1)
+    row = {"id": [1], "customer": ["a"], "amount": [1.0], "status": ["new"]}
+    table.write(pa.table(row))
+    since = table.version()
+    (wal,) = (tmp_path / "t.lance" / "_mem_wal").glob("*/wal")
+    before = set(wal.iterdir())
+    for key in (2, 3):
+        table.write(pa.table({**row, "id": [key]}))
+    table.close()  # flushed: the later version replays nothing
+    until = table.version()
+    assert set(feed(table, since, until)) == {(2,), (3,)}
+    written = sorted(set(wal.iterdir()) - before)
+    assert len(written) == 2
+    written[0].unlink()
+
+    with pytest.raises(VersionNotRetainedError, match="were removed") as raised:
+        table.changes(since=since, until=until)
+    assert raised.value.version == since
