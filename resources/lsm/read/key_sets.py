@@ -88,8 +88,8 @@ class KeyIndex:
 
     def __init__(self, table: pa.Table, key: list[str]) -> None:
         self._key = key
-        self.nbytes = 2 * table.select(key).nbytes + 8 * table.num_rows
-        """About what the index holds in memory (its keys, twice for Python's objects, and a row per key)."""
+        self.nbytes = self.size_of(table, key)
+        """About what the index holds in memory."""
         column = table.column(key[0])
         self._hashed: dict[tuple[object, ...], int] | None = None
         if len(key) == 1 and (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):
@@ -99,6 +99,11 @@ class KeyIndex:
         else:
             values = zip(*(table.column(c).to_pylist() for c in key), strict=True)
             self._hashed = {value: row for row, value in enumerate(values)}
+
+    @staticmethod
+    def size_of(table: pa.Table, key: list[str]) -> int:
+        """About what an index of ``table`` holds in memory (its keys, twice for Python's objects, a row per key)."""
+        return int(2 * table.select(key).nbytes + 8 * table.num_rows)
 
     def rows(self, keys: pa.Table) -> np.ndarray:
         """The rows holding ``keys`` (of the indexed table's key types), in their order; absent keys left out."""

@@ -1,0 +1,51 @@
+"""The WAL tail of lookups: entries asked again and again get a key index, and the newest change still wins."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from resources.lsm.read import wal_tail
+from resources.lsm.read.dedup import keep_last_per_key
+from resources.lsm.read.generation_keys import READS_BEFORE_KEY_INDEX
+from resources.lsm.read.wal_tail import CachedEntry
+from resources.lsm.testing.changegen import EVENTS_SCHEMA
+
+
+@pytest.mark.parametrize("key", [["id"], ["region", "id"]], ids=["one column", "composite"])
+def test_an_entry_holding_a_key_twice_answers_its_newest_row_before_and_after_it_is_indexed(key):
+    # A writer may buffer two puts of one key into one WAL entry: the later row is the newer change.
+    rows = pa.table({"region": ["r1", "r1", "r2", "r1"], "id": ["a", "b", "a", "a"], "value": [1, 2, 3, 4]})
+    entry = CachedEntry({}, rows, key)
+    asked = pa.table({"region": ["r1"], "id": ["a"]}).select(key)
+    answers = [keep_last_per_key(entry.rows_of(asked), key)["value"].to_pylist() for _ in range(24)]
+    assert answers == [[4]] * 24  # row 3 is the key's last row, whether the key is ("r1", "a") or "a"
+    assert entry.rows_of(pa.table({"region": ["r9"], "id": ["zz"]}).select(key)).num_rows == 0
+
+
+def test_lookups_beside_an_open_writer_index_each_entry_they_keep_asking_and_follow_the_oracle(make_table, monkeypatch):
+    built: list[int] = []
+
+    class Counted(wal_tail.KeyIndex):
+        def __init__(self, table: pa.Table, key: list[str]) -> None:
+            built.append(table.num_rows)
+            super().__init__(table, key)
+
+    monkeypatch.setattr(wal_tail, "KeyIndex", Counted)
+    table = make_table(EVENTS_SCHEMA, num_shards=1)
+    oracle: dict[int, str] = {}
+    for round_ in range(3):  # three WAL entries, never flushed: the writer stays open
+        ids = list(range(round_ * 50, round_ * 50 + 200))
+        status = f"s{round_}"
+        table.write(pa.table({"id": ids, "customer": ["c"] * 200, "amount": [1.0] * 200, "status": [status] * 200}))
+        oracle |= dict.fromkeys(ids, status)
+    table.write(pa.table({"id": [60, 999], "_op": ["delete", "delete"]}))
+    oracle.pop(60)
+
+    for probe in range(3 * READS_BEFORE_KEY_INDEX):
+        asked = [probe * 7 % 320, 60, 999]
+        found = table.lookup(asked)
+        assert dict(zip(found["id"].to_pylist(), found["status"].to_pylist(), strict=True)) == {
+            k: oracle[k] for k in asked if k in oracle
+        }
+    assert len(built) == 4  # each entry once, after READS_BEFORE_KEY_INDEX lookups asked it
