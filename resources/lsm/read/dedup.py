@@ -11,11 +11,13 @@ _ROW = "__lsm_row"
 def keep_last_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
     """Keep the last row of every key (rows later in ``table`` are newer).
 
-    The result lists the surviving rows in their original order.
+    The result lists the surviving rows in their original order; it is
+    ``table`` itself when every key occurs once (no copy).
     """
     if table.num_rows == 0:
         return table
-    return table.filter(pa.array(last_per_key(table, primary_key)))
+    last = last_per_key(table, primary_key)
+    return table if last.all() else table.filter(pa.array(last))
 
 
 def last_per_key(table: pa.Table, primary_key: list[str]) -> np.ndarray:

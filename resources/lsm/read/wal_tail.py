@@ -18,9 +18,9 @@ from ..format.shard_manifest import WalEntryFile
 from ..format.storage import TableStorage
 from ..format.wal import read_wal_entry, sentinel_epoch
 from ..lru_cache import LruCache
-from .dedup import keep_last_per_key, last_per_key
+from .dedup import keep_last_per_key
 from .generation_keys import READS_BEFORE_KEY_INDEX
-from .key_sets import KeyIndex, key_mask
+from .key_sets import KeyIndex, key_join
 
 
 class CachedEntry:
@@ -50,11 +50,9 @@ class CachedEntry:
         if self._index is None:
             self._asked += 1
             if self._asked <= READS_BEFORE_KEY_INDEX:
-                asked = key_mask(self.rows, keys, self._key)
-                return self.rows.filter(pa.array(asked)) if asked.any() else self.rows.slice(0, 0)
+                return key_join(self.rows, keys, self._key, "left semi")
             # A writer may buffer several puts into one entry: the index holds each key's last row only.
-            newest = last_per_key(self.rows, self._key)
-            self._indexed = self.rows if newest.all() else self.rows.filter(pa.array(newest))
+            self._indexed = keep_last_per_key(self.rows, self._key)
             self._index = KeyIndex(self._indexed, self._key)
         return self._indexed.take(self._index.rows(keys))
 
