@@ -475,8 +475,10 @@ def _newest_in_generations(
     """The newest change (with ``_tombstone``) of each of ``keys`` over ``generations`` of one shard.
 
     Only generations whose bloom filter may hold one of the keys are opened,
-    each asked for those keys only; a generation lookups keep opening is
-    first asked its key index (:mod:`~resources.lsm.read.generation_keys`).
+    each asked for those keys only (a composite key on the column the base
+    finds most selective, as for the base query); a generation lookups keep
+    opening is first asked its key index
+    (:mod:`~resources.lsm.read.generation_keys`).
     """
     key = list(snapshot.primary_key)
     if not generations or not keys.num_rows:
@@ -487,13 +489,15 @@ def _newest_in_generations(
     if not opened:
         return shape.empty_table()  # the usual answer: no filter may hold the keys
     levels = []
+    # The base's spread: a generation's key columns spread as the base's do (one key ties every column).
+    spread = key_spread(snapshot.dataset, key)
     for generation in opened:
         wanted_keys = keys.take(pa.array(asked[generation]))
         opener = partial(open_generation, snapshot.storage, shard_id, generation[1], snapshot.session)
         index = generation_key_index(snapshot.storage, shard_id, generation[1], key, opener)
         if index is not None and not len(index.rows(wanted_keys)):
             continue  # the filter's "maybe" was false
-        found = generation_rows(opener(), shape, filter=keys_filter(wanted_keys, key))
+        found = generation_rows(opener(), shape, filter=keys_filter(wanted_keys, key, spread))
         levels.append(key_join(found, wanted_keys, key, "left semi"))
     return newest_per_key(levels, shape, key)
 

@@ -297,6 +297,31 @@ def test_a_composite_key_whose_parts_recur_in_other_keys_counts_and_reads_each_k
     assert fresh.lookup([("r0", 7), ("r1", 5), ("r0", 5)])["value"].to_pylist() == [0, 0, 1]
 
 
+def test_a_composite_key_looked_up_in_a_generation_is_filtered_on_the_column_the_base_finds_selective(
+    tmp_path, monkeypatch
+):
+    # Every id occurs once per region: on its region, one key would read a tenth of each generation.
+    schema = pa.schema([("region", pa.string()), ("seq", pa.int64()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["region", "seq"], num_shards=1)
+    table.write(pa.table({"region": [f"r{i % 10}" for i in range(10_000)], "seq": range(10_000), "value": [0] * 10_000}))
+    table.close()
+    table.compact()
+    table.write(pa.table({"region": [f"r{i % 10}" for i in range(2_000)], "seq": range(2_000), "value": [1] * 2_000}))
+    table.close()
+    drop_pending_runs(table)
+    filters = []
+    read_generation = merged_read.generation_rows
+
+    def spied(generation, columns, filter=None):
+        filters.append(filter)
+        return read_generation(generation, columns, filter=filter)
+
+    monkeypatch.setattr(merged_read, "generation_rows", spied)
+
+    assert LsmTable.open(table.uri).lookup([("r7", 17)])["value"].to_pylist() == [1]
+    assert filters == ["`seq` IN (17)"]
+
+
 @pytest.mark.parametrize("newest", ["wal tail", "generation after the run"])
 def test_a_key_of_a_run_changed_again_above_it_supersedes_its_base_row_once(tmp_path, newest):
     schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
