@@ -30,7 +30,7 @@ from .format.merge_claims import CLAIMS, merged_through, read_claims, unsettled
 from .format.retry import RetryPolicy, retrying
 from .format.routing import ShardRouter
 from .format.schema import ADDED_COLUMN_METADATA, LAST_WRITE_WINS, empty_tail
-from .format.shard_manifest import KnownManifests, wal_entries_complete
+from .format.shard_manifest import KnownShardFiles, wal_entries_complete
 from .format.shard_state import ShardState, load_shard_state
 from .format.storage import StorageOptions, TableStorage
 from .format.version import ShardPosition, TableVersion
@@ -123,7 +123,7 @@ class TableHandle:
         self.runs = PendingRuns(self.storage)
         self.pending_cache = SHARED_PENDING_GENERATIONS
         self.wal_entries = wal_entry_cache()
-        self.manifests = KnownManifests()
+        self.known_files = KnownShardFiles()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.
         self._version_facts = lru_cache(maxsize=16)(self._read_version_facts)
@@ -213,7 +213,7 @@ class TableHandle:
         wanted = None if shard_ids is None else set(shard_ids)
         return [
             load_shard_state(
-                self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=for_read, known=self.manifests
+                self.storage, shard_id, bucket, compacted.get(shard_id, 0), for_read=for_read, known=self.known_files
             )
             for bucket, shard_id in enumerate(self.shard_ids)
             if wanted is None or shard_id in wanted
@@ -274,7 +274,7 @@ class TableHandle:
                 compacted.get(shard_id, 0),
                 for_read=True,
                 at=position,
-                known=self.manifests,
+                known=self.known_files,
             )
             self._check_retained(version, state)
             states.append(state)

@@ -14,7 +14,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from ..lru_cache import LruCache
 from . import protowire
@@ -85,19 +85,23 @@ class WalEntryFile:
     mtime_ns: int | None
 
 
-class KnownManifests:
-    """The shard manifests one table handle has read, so that reading the latest again costs one probe.
+class KnownShardFiles:
+    """The shard manifests and WAL entry files one table handle has read, so that reading them again costs less.
 
     A manifest version's file never changes once written, and versions only
     grow: the latest version found is where the next search starts (instead
-    of the version hint), and a version read once is not read again. Kept per
-    handle, not per process: a table re-created at the same location starts
-    its versions over.
+    of the version hint), and a version read once is not read again. A WAL
+    entry never changes once written either: a listing of the WAL directory
+    stats only the entries it has not seen (a local listing would stat every
+    entry of the tail, on every read). Kept per handle, not per process: a
+    table re-created at the same location starts its versions and positions
+    over.
     """
 
     def __init__(self) -> None:
         self._latest: dict[str, int] = {}
         self._manifests: LruCache[tuple[str, int], ShardManifest] = LruCache(_KNOWN_MANIFESTS)
+        self._wal_files: LruCache[tuple[str, str], FileEntry] = LruCache(_KNOWN_WAL_FILES)
 
     def latest(self, shard_id: str) -> int | None:
         """The newest version of the shard's manifest seen so far (0: none yet; ``None``: never looked)."""
@@ -109,13 +113,23 @@ class KnownManifests:
     def manifest(self, shard_id: str, version: int, read: Callable[[], ShardManifest]) -> ShardManifest:
         return self._manifests.get((shard_id, version), read)
 
+    def wal_file(self, shard_id: str, name: str) -> FileEntry | None:
+        """The WAL entry file ``name`` of the shard as first listed, if it was."""
+        return self._wal_files.find((shard_id, name))
+
+    def saw_wal_files(self, shard_id: str, files: Iterable[FileEntry]) -> None:
+        for file in files:
+            self._wal_files.put((shard_id, file.name), file)
+
 
 _KNOWN_MANIFESTS = 64
 """Manifest versions a handle keeps decoded: a few per shard."""
+_KNOWN_WAL_FILES = 1 << 14
+"""WAL entry files a handle keeps the listing of: the tails of many shards, beside busy writers."""
 
 
 def read_shard_manifest(
-    storage: TableStorage, shard_id: str, version: int | None = None, known: KnownManifests | None = None
+    storage: TableStorage, shard_id: str, version: int | None = None, known: KnownShardFiles | None = None
 ) -> ShardManifest | None:
     """A shard's manifest at ``version`` (default: the latest), or ``None`` at version 0 (never written).
 
@@ -174,13 +188,19 @@ def list_manifest_versions(storage: TableStorage, shard_id: str) -> dict[int, Fi
     }
 
 
-def list_wal_entries(storage: TableStorage, shard_id: str, after: int = -1) -> list[WalEntryFile]:
+def list_wal_entries(
+    storage: TableStorage, shard_id: str, after: int = -1, known: KnownShardFiles | None = None
+) -> list[WalEntryFile]:
     """The WAL entry files of a shard above position ``after`` (default: all), in ascending position.
 
     Entries at or below a shard's replay position stay until GC removes them:
-    pass it as ``after`` and they cost only their names.
+    pass it as ``after`` and they cost only their names. With ``known`` (the
+    handle's), entries listed before are not looked at again.
     """
-    files = storage.list_files_named(wal_dir(shard_id), lambda name: _wal_position(name) > after)
+    seen = None if known is None else partial(known.wal_file, shard_id)
+    files = storage.list_files_named(wal_dir(shard_id), lambda name: _wal_position(name) > after, seen)
+    if known is not None:
+        known.saw_wal_files(shard_id, files)
     entries = [WalEntryFile(_wal_position(f.name), f.name, f.size, f.mtime_ns) for f in files]
     return sorted(entries, key=lambda e: e.position)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from .layout import VERSIONS_DIR, generation_dir
-from .shard_manifest import KnownManifests, WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
+from .shard_manifest import KnownShardFiles, WalEntryFile, list_generation_dirs, list_wal_entries, read_shard_manifest
 from .storage import TableStorage
 from .version import ShardPosition
 from .wal import sentinel_epoch
@@ -93,7 +93,7 @@ def load_shard_state(
     *,
     for_read: bool = False,
     at: ShardPosition | None = None,
-    known: KnownManifests | None = None,
+    known: KnownShardFiles | None = None,
 ) -> ShardState:
     """Read one shard's state; a shard that never had a writer reads as empty.
 
@@ -102,12 +102,13 @@ def load_shard_state(
     are most of a point lookup's requests. ``at`` reads the state the shard
     had at an earlier position (its manifest version then, and the WAL
     entries up to its WAL position then) instead of the latest. ``known``
-    (the handle's) spares reading manifests read before.
+    (the handle's) spares reading manifests read before, and statting WAL
+    entries listed before.
     """
     manifest = read_shard_manifest(storage, shard_id, None if at is None else at.manifest_version, known)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
-    entries = list_wal_entries(storage, shard_id, after=replay_after)
+    entries = list_wal_entries(storage, shard_id, after=replay_after, known=known)
     if at is not None:
         entries = [e for e in entries if e.position <= at.wal_position]
     unflushed = [e for e in entries if sentinel_epoch(storage, shard_id, e) is None]

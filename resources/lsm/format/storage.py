@@ -177,26 +177,35 @@ class TableStorage:
         files = (info for info in self._children(relative) if info.type == pafs.FileType.File)
         return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in files]
 
-    def list_files_named(self, relative: str, wanted: Callable[[str], bool]) -> list[FileEntry]:
+    def list_files_named(
+        self, relative: str, wanted: Callable[[str], bool], seen: Callable[[str], FileEntry | None] | None = None
+    ) -> list[FileEntry]:
         """The files of a directory whose name passes ``wanted`` (empty if the directory does not exist).
 
         An object store lists sizes and times with the names anyway; a local
-        listing would stat every entry, so there only the wanted files are.
+        listing would stat every entry, so there only the wanted files are,
+        and of those only the ones ``seen`` does not already describe (for
+        files that never change once written).
         """
         if not self.is_local:
             return [entry for entry in self.list_files(relative) if wanted(entry.name)]
         directory = self.path(relative)
 
-        def stat_wanted() -> list[pafs.FileInfo]:
+        def stat_wanted() -> list[FileEntry]:
             try:
                 names = [name for name in os.listdir(directory) if wanted(name)]
             except FileNotFoundError:
                 return []
-            infos: list[pafs.FileInfo] = self.fs.get_file_info([f"{directory}/{name}" for name in names])
-            return infos
+            known = {name: entry for name in names if seen is not None and (entry := seen(name)) is not None}
+            new = [f"{directory}/{name}" for name in names if name not in known]
+            infos = {i.base_name: i for i in self.fs.get_file_info(new) if i.type == pafs.FileType.File}
+            return [
+                known.get(name) or FileEntry(name, infos[name].size or 0, infos[name].mtime_ns)
+                for name in names
+                if name in known or name in infos
+            ]
 
-        infos = self.retrying(stat_wanted, f"list {relative}")
-        return [FileEntry(i.base_name, i.size or 0, i.mtime_ns) for i in infos if i.type == pafs.FileType.File]
+        return self.retrying(stat_wanted, f"list {relative}")
 
     def _children(self, relative: str, recursive: bool = False) -> list[pafs.FileInfo]:
         """What a directory holds (at any depth if ``recursive``); empty if it does not exist."""
