@@ -303,7 +303,9 @@ def test_a_composite_key_looked_up_in_a_generation_is_filtered_on_the_column_the
     # Every id occurs once per region: on its region, one key would read a tenth of each generation.
     schema = pa.schema([("region", pa.string()), ("seq", pa.int64()), ("value", pa.int64())])
     table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["region", "seq"], num_shards=1)
-    table.write(pa.table({"region": [f"r{i % 10}" for i in range(10_000)], "seq": range(10_000), "value": [0] * 10_000}))
+    table.write(
+        pa.table({"region": [f"r{i % 10}" for i in range(10_000)], "seq": range(10_000), "value": [0] * 10_000})
+    )
     table.close()
     table.compact()
     table.write(pa.table({"region": [f"r{i % 10}" for i in range(2_000)], "seq": range(2_000), "value": [1] * 2_000}))
