@@ -332,12 +332,13 @@ class TableHandle:
         else:
             dataset = self.dataset_at(as_of) if dataset is None else dataset
             states = self.shard_states_at(as_of, dataset, shard_ids)
+        schema = dataset.schema  # each call converts Lance's schema again (3 us)
         tails = [
             read_wal_tail(
                 self.storage,
                 s.shard_id,
                 s.wal_entries,
-                dataset.schema,
+                schema,
                 list(self.primary_key),
                 keys=keys,
                 cache=self.wal_entries,
@@ -346,7 +347,7 @@ class TableHandle:
             if fresh and s.unflushed_wal_entries
         ]
         # The pinned base's schema: it may have columns added after the handle was opened.
-        tail = pa.concat_tables(tails) if tails else empty_tail(dataset.schema)
+        tail = pa.concat_tables(tails) if tails else empty_tail(schema)
         return ReadSnapshot(
             dataset,
             tuple(states),

@@ -71,12 +71,16 @@ def keys_filter(keys: pa.Table, key: list[str], spread: Mapping[str, int] | None
     columns become SQL ``IN`` lists (Lance's Arrow-expression conversion
     refuses unsigned-integer literals); other types an Arrow ``isin``.
     """
-    distinct = {name: pc.count_distinct(keys.column(name)).as_py() for name in key}
-    if spread:
-        column = min(key, key=lambda name: distinct[name] / max(spread.get(name, 1), 1))
-    else:
-        column = max(key, key=distinct.__getitem__)
+    column = key[0] if len(key) == 1 else _most_selective(keys, key, spread)
     values = pc.unique(keys.column(column))
     if pa.types.is_integer(values.type) or pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
         return in_list(column, values.to_pylist())
     return pc.field(column).isin(values)
+
+
+def _most_selective(keys: pa.Table, key: list[str], spread: Mapping[str, int] | None) -> str:
+    """The key column whose values among ``keys`` match the fewest base rows (see :func:`keys_filter`)."""
+    distinct = {name: pc.count_distinct(keys.column(name)).as_py() for name in key}
+    if spread:
+        return min(key, key=lambda name: distinct[name] / max(spread.get(name, 1), 1))
+    return max(key, key=distinct.__getitem__)

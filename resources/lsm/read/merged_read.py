@@ -178,13 +178,32 @@ class BaseRowFilter:
         by_key = self._bitmap is None and joined.num_rows > 0
         self._joined = joined if by_key and joinable(self._schema) else None
         self._rows = SupersededRows(dataset, joined, key, fragments) if by_key and self._joined is None else None
+        self._doomed_key = {name: self._joined.column(name)[0] for name in key} if self._joined is not None else {}
+        """A key the join drops: rows the vector drops are given it, so that they go with the join."""
 
     def stream(self, batches: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
         """The surviving rows of every batch (without ``_rowaddr``); in scan order unless keys are joined."""
-        positioned = (self._drop_by_position(batch) for batch in batches)
         if self._joined is None:
-            return positioned
-        return anti_join_stream(pa.RecordBatchReader.from_batches(self._schema, positioned), self._joined)
+            return (self._drop_by_position(batch) for batch in batches)
+        marked = (self._mark_by_position(batch) for batch in batches)
+        return anti_join_stream(pa.RecordBatchReader.from_batches(self._schema, marked), self._joined)
+
+    def _mark_by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` with the rows the vector drops given a key the join drops (any of its keys is).
+
+        Only the key columns are copied: filtering every column here copied
+        each surviving row twice, once more in the join.
+        """
+        keep = self._vector.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
+        batch = batch.drop_columns([ROW_ADDRESS])
+        if keep.all():
+            return batch
+        selection = pa.array(keep)
+        columns = [
+            pc.if_else(selection, column, self._doomed_key[name]) if name in self._doomed_key else column
+            for name, column in zip(batch.schema.names, batch.columns, strict=True)
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
     def _drop_by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         addresses = batch.column(ROW_ADDRESS).to_numpy()

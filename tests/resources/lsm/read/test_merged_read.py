@@ -324,6 +324,36 @@ def test_a_composite_key_looked_up_in_a_generation_is_filtered_on_the_column_the
     assert filters == ["`seq` IN (17)"]
 
 
+@pytest.mark.parametrize("key", [["id"], ["region", "id"]], ids=["string", "composite"])
+def test_rows_a_run_drops_and_keys_joined_above_it_leave_the_merged_view_together(tmp_path, key):
+    schema = pa.schema([("region", pa.string()), ("id", pa.string()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, key, num_shards=2)
+
+    def rows(ids: range, value: int) -> pa.Table:
+        return pa.table(
+            {"region": [f"r{i % 3}" for i in ids], "id": [f"k{i}" for i in ids], "value": [value] * len(ids)}
+        )
+
+    table.write(rows(range(3_000), 0))
+    table.close()
+    table.compact()
+    table.write(pa.concat_tables([rows(range(0, 3_000, 7), 1), rows(range(3_000, 3_050), 1)]))  # into runs
+    table.close()
+    table.build_pending_runs()
+    table.write(rows(range(0, 3_000, 5), 2))  # in the WAL tail: joined by key, some changed again above the runs
+    deleted = rows(range(1, 3_000, 11), 0)
+    table.write(deleted.append_column("_op", pa.array(["delete"] * deleted.num_rows)))
+
+    read = table.read()
+
+    expected = {f"k{i}": 0 for i in range(3_000)} | {f"k{i}": 1 for i in [*range(0, 3_000, 7), *range(3_000, 3_050)]}
+    expected |= {f"k{i}": 2 for i in range(0, 3_000, 5)}
+    for i in range(1, 3_000, 11):
+        expected.pop(f"k{i}")
+    assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
+    assert read.num_rows == table.count() == len(expected)
+
+
 @pytest.mark.parametrize("newest", ["wal tail", "generation after the run"])
 def test_a_key_of_a_run_changed_again_above_it_supersedes_its_base_row_once(tmp_path, newest):
     schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
