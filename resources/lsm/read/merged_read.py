@@ -341,10 +341,10 @@ def _usable_runs(snapshot: ReadSnapshot, columns: list[str]) -> list[PendingRun 
 
 
 def _usable_run(snapshot: ReadSnapshot, shard: ShardState, columns: list[str]) -> PendingRun | None:
-    """The shard's stored run, if there is one with every column the read needs."""
+    """The stored run a lookup of the shard reads, if there is one with every column the read needs."""
     if snapshot.runs is None or not shard.pending_generations:
         return None
-    return _with_columns(snapshot.runs.find(shard), columns)
+    return _with_columns(snapshot.runs.for_lookups(shard, list(snapshot.primary_key)), columns)
 
 
 def _with_columns(run: PendingRun | None, columns: list[str]) -> PendingRun | None:

@@ -95,8 +95,36 @@ def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_sca
     answers = [rows_by_key(table.lookup([k])) for k in probes]  # the first ones scan, the later ones hash
     assert answers == [{(k,): expected[(k,)]} if (k,) in expected else {} for k in probes]
     runs = [table.handle.runs.find(shard) for shard in table.shards() if shard.pending_generations]
-    assert runs and all(run is not None and run.key_index(table.primary_key) is not None for run in runs)
+    assert runs and all(run is not None and run.index_built(timeout=60) for run in runs)  # built off the lookups
     assert rows_by_key(table.lookup(probes)) == {(k,): expected[(k,)] for k in probes if (k,) in expected}
+
+
+def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_indexed(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
+    table.write(pa.table({"id": range(1_000), "value": [0] * 1_000}, schema=schema))
+    table.close()
+    table.compact()
+    table.write(pa.table({"id": range(0, 1_000, 2), "value": [1] * 500}, schema=schema))
+    table.close()
+    table.build_pending_runs()
+    for key in range(10):
+        table.lookup([key])
+    (shard,) = table.shards()
+    first = table.handle.runs.for_lookups(shard, table.primary_key)
+    assert first is not None and first.index_built(timeout=60)
+    table.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
+    table.close()
+    table.build_pending_runs()  # the newer run: over the first's generation and the new one
+
+    (shard,) = table.shards()
+    assert table.handle.runs.for_lookups(shard, table.primary_key) is first  # the newer one is not indexed yet
+    answers = [table.lookup([key])["value"].to_pylist() for key in [0, 1, 2, 3, 1_000] * 2]
+    assert answers == [[2], [], [1], [0], [2]] * 2  # the new generation is read above the older run
+    newer = table.handle.runs.find(shard)
+    assert newer is not None and newer is not first and newer.index_built(timeout=60)
+    assert table.handle.runs.for_lookups(shard, table.primary_key) is newer
+    assert table.lookup([0, 1, 2, 1_000])["value"].to_pylist() == [2, 1, 2]
 
 
 def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path, caplog, monkeypatch):
