@@ -103,8 +103,9 @@ class PendingRun:
     ``NOT_IN_BASE`` for a key the base lacks; null for one not looked up
     (runs of older versions). Ascending in a run built here."""
     _key_index: KeyIndex | None = field(default=None, init=False, repr=False)
+    _index_requested: bool = field(default=False, init=False, repr=False)
     _index_done: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
-    """Set once a key index build ended (built or failed)."""
+    """Set once the key index build ended (built or failed)."""
 
     @cached_property
     def superseded(self) -> DeletionVector:
@@ -126,12 +127,15 @@ class PendingRun:
         answers each lookup from it once it is there.
         """
         if self._key_index is None and next(self._lookups_served) == SCANS_BEFORE_KEY_INDEX:
+            object.__setattr__(self, "_index_requested", True)
             level_readers().submit(self._build_key_index, primary_key)
         return self._key_index
 
     def index_built(self, timeout: float | None = 0) -> bool:
-        """Whether the key index is built, waiting up to ``timeout`` seconds (``None``: for ever) for a build
-        under way (one that failed was logged: lookups scan the run's keys)."""
+        """Whether the key index is built, waiting up to ``timeout`` seconds (``None``: for ever) if its build
+        is under way (one that failed was logged: lookups scan the run's keys)."""
+        if self._key_index is None and not self._index_requested:
+            return False
         return self._index_done.wait(timeout) and self._key_index is not None
 
     def _build_key_index(self, primary_key: list[str]) -> None:
