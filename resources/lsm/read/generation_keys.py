@@ -6,14 +6,19 @@ whatever the generation's size: a 100k-row generation (a full MemTable
 beside a busy writer) answers "maybe" for most keys, and each maybe costs
 a filtered read of the whole generation (about 1 ms at 100k rows). A
 generation asked ``READS_BEFORE_KEY_INDEX`` times gets an index of its keys
-(:class:`~resources.lsm.read.key_sets.KeyIndex`), and then is read only for
-keys it holds. A flushed generation never changes, so the index is kept
-for the process, shared by every table object, until evicted.
+(:class:`~resources.lsm.read.key_sets.KeyIndex`), built on the level
+readers' threads (no lookup waits for it: 87k string keys take about 26 ms),
+and is then read only for keys it holds. A flushed generation never changes,
+so the index is kept for the process, shared by every table object, until
+evicted.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
+import logging
+import threading
 from collections.abc import Callable, Iterator
 
 import lance
@@ -21,6 +26,9 @@ import lance
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
 from .key_sets import KeyIndex
+from .level_readers import level_readers
+
+log = logging.getLogger(__name__)
 
 READS_BEFORE_KEY_INDEX = 16
 """Filtered reads of a generation by lookups before its keys are indexed.
@@ -37,6 +45,9 @@ _READS: LruCache[_Generation, Iterator[int]] = LruCache(max_entries=4096)
 _INDEXES: LruCache[_Generation, KeyIndex] = LruCache(
     max_entries=1024, max_bytes=256 << 20, size_of=lambda index: index.nbytes
 )
+_BUILDING: set[concurrent.futures.Future[None]] = set()
+"""Index builds under way."""
+_BUILDING_LOCK = threading.Lock()
 
 
 def generation_key_index(
@@ -46,11 +57,37 @@ def generation_key_index(
     key: list[str],
     open_generation: Callable[[], lance.LanceDataset],
 ) -> KeyIndex | None:
-    """The generation's key index, once lookups asked it ``READS_BEFORE_KEY_INDEX`` times (``None`` before).
+    """The generation's key index, once built (``None`` until then): lookups asked it
+    ``READS_BEFORE_KEY_INDEX`` times, and it was built off their path (again after an eviction).
 
     Its live keys (deletes included) are read once, when the index is built.
     """
     generation = (storage.location, shard_id, directory, tuple(key))
-    if generation not in _INDEXES and next(_READS.get(generation, itertools.count)) < READS_BEFORE_KEY_INDEX:
-        return None
-    return _INDEXES.get(generation, lambda: KeyIndex(open_generation().to_table(columns=key), key))
+    if (index := _INDEXES.find(generation)) is not None:
+        return index
+    reads = next(_READS.get(generation, itertools.count))
+    if reads and reads % READS_BEFORE_KEY_INDEX == 0:
+        build = level_readers().submit(_build, generation, key, open_generation)
+        with _BUILDING_LOCK:
+            _BUILDING.add(build)
+        build.add_done_callback(_built)
+    return None
+
+
+def key_indexes_built(timeout: float | None = None) -> bool:
+    """Wait up to ``timeout`` seconds (``None``: for ever) for the key index builds under way; whether all ended."""
+    with _BUILDING_LOCK:
+        building = list(_BUILDING)
+    return not concurrent.futures.wait(building, timeout).not_done
+
+
+def _build(generation: _Generation, key: list[str], open_generation: Callable[[], lance.LanceDataset]) -> None:
+    try:
+        _INDEXES.put(generation, KeyIndex(open_generation().to_table(columns=key), key))
+    except Exception:  # lookups go on reading the generation
+        log.exception("building the key index of generation %s of shard %s failed", generation[2], generation[1])
+
+
+def _built(build: concurrent.futures.Future[None]) -> None:
+    with _BUILDING_LOCK:
+        _BUILDING.discard(build)
