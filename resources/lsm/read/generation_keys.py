@@ -15,10 +15,7 @@ evicted.
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
-import logging
-import threading
 from collections.abc import Callable, Iterator
 
 import lance
@@ -26,9 +23,7 @@ import lance
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
 from .key_sets import KeyIndex
-from .level_readers import level_readers
-
-log = logging.getLogger(__name__)
+from .level_readers import build_in_background
 
 READS_BEFORE_KEY_INDEX = 16
 """Filtered reads of a generation by lookups before its keys are indexed.
@@ -45,9 +40,6 @@ _READS: LruCache[_Generation, Iterator[int]] = LruCache(max_entries=4096)
 _INDEXES: LruCache[_Generation, KeyIndex] = LruCache(
     max_entries=1024, max_bytes=256 << 20, size_of=lambda index: index.nbytes
 )
-_BUILDING: set[concurrent.futures.Future[None]] = set()
-"""Index builds under way."""
-_BUILDING_LOCK = threading.Lock()
 
 
 def generation_key_index(
@@ -67,27 +59,8 @@ def generation_key_index(
         return index
     reads = next(_READS.get(generation, itertools.count))
     if reads and reads % READS_BEFORE_KEY_INDEX == 0:
-        build = level_readers().submit(_build, generation, key, open_generation)
-        with _BUILDING_LOCK:
-            _BUILDING.add(build)
-        build.add_done_callback(_built)
+        build_in_background(
+            lambda: _INDEXES.put(generation, KeyIndex(open_generation().to_table(columns=key), key)),
+            f"the key index of generation {directory} of shard {shard_id}",
+        )
     return None
-
-
-def key_indexes_built(timeout: float | None = None) -> bool:
-    """Wait up to ``timeout`` seconds (``None``: for ever) for the key index builds under way; whether all ended."""
-    with _BUILDING_LOCK:
-        building = list(_BUILDING)
-    return not concurrent.futures.wait(building, timeout).not_done
-
-
-def _build(generation: _Generation, key: list[str], open_generation: Callable[[], lance.LanceDataset]) -> None:
-    try:
-        _INDEXES.put(generation, KeyIndex(open_generation().to_table(columns=key), key))
-    except Exception:  # lookups go on reading the generation
-        log.exception("building the key index of generation %s of shard %s failed", generation[2], generation[1])
-
-
-def _built(build: concurrent.futures.Future[None]) -> None:
-    with _BUILDING_LOCK:
-        _BUILDING.discard(build)

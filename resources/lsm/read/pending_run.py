@@ -43,6 +43,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -59,7 +60,7 @@ from ..lru_cache import LruCache
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
 from .key_sets import KeyIndex, key_mask
-from .level_readers import level_readers
+from .level_readers import build_in_background, level_readers
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,7 @@ class PendingRun:
     ``NOT_IN_BASE`` for a key the base lacks; null for one not looked up
     (runs of older versions). Ascending in a run built here."""
     _key_index: KeyIndex | None = field(default=None, init=False, repr=False)
-    _index_requested: bool = field(default=False, init=False, repr=False)
-    _index_done: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
-    """Set once the key index build ended (built or failed)."""
+    _index_build: Future[None] | None = field(default=None, init=False, repr=False)
 
     @cached_property
     def superseded(self) -> DeletionVector:
@@ -127,26 +126,19 @@ class PendingRun:
         answers each lookup from it once it is there.
         """
         if self._key_index is None and next(self._lookups_served) == SCANS_BEFORE_KEY_INDEX:
-            object.__setattr__(self, "_index_requested", True)
-            level_readers().submit(self._build_key_index, primary_key)
+            build = build_in_background(
+                lambda: object.__setattr__(self, "_key_index", KeyIndex(self.changes, primary_key)),
+                f"the key index of pending run {self.generations} of shard {self.shard_id}",
+            )
+            object.__setattr__(self, "_index_build", build)
         return self._key_index
 
     def index_built(self, timeout: float | None = 0) -> bool:
         """Whether the key index is built, waiting up to ``timeout`` seconds (``None``: for ever) if its build
         is under way (one that failed was logged: lookups scan the run's keys)."""
-        if self._key_index is None and not self._index_requested:
-            return False
-        return self._index_done.wait(timeout) and self._key_index is not None
-
-    def _build_key_index(self, primary_key: list[str]) -> None:
-        try:
-            object.__setattr__(self, "_key_index", KeyIndex(self.changes, primary_key))
-        except Exception:
-            log.exception(
-                "building the key index of pending run %s of shard %s failed", self.generations, self.shard_id
-            )
-        finally:
-            self._index_done.set()
+        if self._key_index is None and self._index_build is not None:
+            wait([self._index_build], timeout)
+        return self._key_index is not None
 
     def extra_generations(self, shard: ShardState) -> Generations:
         """The shard's pending generations newer than the run (``shard``'s pending list must extend the run's)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from resources.lsm.read import generation_keys, merged_read
+from resources.lsm.read import level_readers, merged_read
 from resources.lsm.read.generation_keys import READS_BEFORE_KEY_INDEX
 from tests.helpers import drop_pending_runs, rows_by_key
 
@@ -53,7 +53,7 @@ def test_a_generation_asked_often_answers_through_its_key_index_as_by_reading_it
         tuple(key_of(key, n).values()) if len(key) > 1 else (n,) for n in probes if n in expected
     }
 
-    assert generation_keys.key_indexes_built(timeout=60)  # built off the lookups' path
+    assert level_readers.builds_done(timeout=60)  # built off the lookups' path
     reads.clear()
     for n in (130, 500, 131, 7_000):  # held by no generation: none is read
         assert table.lookup([key_of(key, n)]).num_rows == 0
