@@ -29,7 +29,7 @@ class CachedEntry:
     A lookup asks each entry of the tail for its keys: about 0.1 ms an entry
     of 12.5k string keys compared one by one. An entry asked
     ``READS_BEFORE_KEY_INDEX`` times (as a generation is) gets an index of
-    its keys, and is then searched by bisection. Two threads may build the
+    its keys (a KeyIndex), and is then asked through it. Two threads may build the
     index at once: each builds the same one.
     """
 
