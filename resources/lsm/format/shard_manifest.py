@@ -14,11 +14,13 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
+
+import pyarrow.fs as pafs
 
 from ..lru_cache import LruCache
 from . import protowire
-from .layout import manifest_dir, shard_dir, wal_dir
+from .layout import manifest_dir, shard_dir, wal_dir, wal_entry_path
 from .storage import FileEntry, TableStorage
 
 # Field numbers of lance.table.ShardManifest (protos/table.proto).
@@ -90,18 +92,20 @@ class KnownShardFiles:
 
     A manifest version's file never changes once written, and versions only
     grow: the latest version found is where the next search starts (instead
-    of the version hint), and a version read once is not read again. A WAL
-    entry never changes once written either: a listing of the WAL directory
-    stats only the entries it has not seen (a local listing would stat every
-    entry of the tail, on every read). Kept per handle, not per process: a
-    table re-created at the same location starts its versions and positions
-    over.
+    of the version hint), and a version read once is not read again. WAL
+    entries never change once written either, and their positions have no
+    gaps: once a shard's entries above a position were listed, only the
+    positions after the newest are looked for (a local listing reads every
+    name of the directory, hundreds beside a busy writer until GC, on every
+    fresh read). Kept per handle, not per process: a table re-created at the
+    same location starts its versions and positions over.
     """
 
     def __init__(self) -> None:
         self._latest: dict[str, int] = {}
         self._manifests: LruCache[tuple[str, int], ShardManifest] = LruCache(_KNOWN_MANIFESTS)
-        self._wal_files: LruCache[tuple[str, str], FileEntry] = LruCache(_KNOWN_WAL_FILES)
+        self._wal_tails: dict[str, tuple[int, list[WalEntryFile]]] = {}
+        """Each shard's WAL entries above a position, as last found: that position, and the entries."""
 
     def latest(self, shard_id: str) -> int | None:
         """The newest version of the shard's manifest seen so far (0: none yet; ``None``: never looked)."""
@@ -113,19 +117,23 @@ class KnownShardFiles:
     def manifest(self, shard_id: str, version: int, read: Callable[[], ShardManifest]) -> ShardManifest:
         return self._manifests.get((shard_id, version), read)
 
-    def wal_file(self, shard_id: str, name: str) -> FileEntry | None:
-        """The WAL entry file ``name`` of the shard as first listed, if it was."""
-        return self._wal_files.find((shard_id, name))
+    def wal_entries(self, shard_id: str, after: int) -> list[WalEntryFile] | None:
+        """The shard's WAL entries above ``after`` seen last time (ascending); ``None`` unless they were
+        listed (every entry above a position at most ``after``)."""
+        seen = self._wal_tails.get(shard_id)
+        if seen is None or after < seen[0]:
+            return None
+        return [entry for entry in seen[1] if entry.position > after]
 
-    def saw_wal_files(self, shard_id: str, files: Iterable[FileEntry]) -> None:
-        for file in files:
-            self._wal_files.put((shard_id, file.name), file)
+    def saw_wal_entries(self, shard_id: str, after: int, entries: list[WalEntryFile]) -> None:
+        """Remember ``entries`` (ascending): every WAL entry of the shard above ``after``, as found now."""
+        self._wal_tails[shard_id] = (after, entries)
 
 
 _KNOWN_MANIFESTS = 64
 """Manifest versions a handle keeps decoded: a few per shard."""
-_KNOWN_WAL_FILES = 1 << 14
-"""WAL entry files a handle keeps the listing of: the tails of many shards, beside busy writers."""
+_PROBES_BEFORE_LISTING = 4
+"""New WAL entries looked for one by one (a stat each) before listing the directory costs less."""
 
 
 def read_shard_manifest(
@@ -195,14 +203,36 @@ def list_wal_entries(
 
     Entries at or below a shard's replay position stay until GC removes them:
     pass it as ``after`` and they cost only their names. With ``known`` (the
-    handle's), entries listed before are not looked at again.
+    handle's), a shard whose entries above ``after`` were listed before is not
+    listed again: positions have no gaps, so the next positions are looked
+    for one by one until one is missing (one stat when nothing was written
+    since), the directory listed again only when many are new.
     """
-    seen = None if known is None else partial(known.wal_file, shard_id)
-    files = storage.list_files_named(wal_dir(shard_id), lambda name: _wal_position(name) > after, seen)
+    seen = known.wal_entries(shard_id, after) if known is not None else None
+    newer = None if seen is None else _next_wal_entries(storage, shard_id, seen[-1].position if seen else after)
+    entries = _listed_wal_entries(storage, shard_id, after) if seen is None or newer is None else seen + newer
     if known is not None:
-        known.saw_wal_files(shard_id, files)
+        known.saw_wal_entries(shard_id, after, entries)
+    return entries
+
+
+def _listed_wal_entries(storage: TableStorage, shard_id: str, after: int) -> list[WalEntryFile]:
+    files = storage.list_files_named(wal_dir(shard_id), lambda name: _wal_position(name) > after)
     entries = [WalEntryFile(_wal_position(f.name), f.name, f.size, f.mtime_ns) for f in files]
     return sorted(entries, key=lambda e: e.position)
+
+
+def _next_wal_entries(storage: TableStorage, shard_id: str, newest: int) -> list[WalEntryFile] | None:
+    """The WAL entries after position ``newest``, found one stat each; ``None`` if there are many (list them)."""
+    found: list[WalEntryFile] = []
+    while len(found) < _PROBES_BEFORE_LISTING:
+        position = newest + 1 + len(found)
+        name = f"{position_name(position)}.arrow"
+        info = storage.info(wal_entry_path(shard_id, name))
+        if info.type != pafs.FileType.File:
+            return found
+        found.append(WalEntryFile(position, name, info.size or 0, info.mtime_ns))
+    return None
 
 
 def wal_entries_complete(listed: Iterable[WalEntryFile], after: int, up_to: int) -> bool:
@@ -217,8 +247,9 @@ def wal_entries_complete(listed: Iterable[WalEntryFile], after: int, up_to: int)
 def _wal_position(name: str) -> int:
     """The position a WAL file name holds; -1 for any other file (a stray file never breaks a read).
 
-    Cached: every fresh read lists its shards' WAL directories, and the same
-    names (hundreds, until GC) cost 10x more to parse than to look up.
+    Cached: a busy shard's WAL directory holds hundreds of names until GC,
+    listed again by every handle that reads it, and they cost 10x more to
+    parse than to look up.
     """
     match = _WAL_ENTRY.match(name)
     return parse_position(match.group(1)) if match else -1

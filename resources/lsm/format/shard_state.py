@@ -102,13 +102,14 @@ def load_shard_state(
     are most of a point lookup's requests. ``at`` reads the state the shard
     had at an earlier position (its manifest version then, and the WAL
     entries up to its WAL position then) instead of the latest. ``known``
-    (the handle's) spares reading manifests read before, and statting WAL
-    entries listed before.
+    (the handle's) spares reading manifests read before and, for the latest
+    state, listing the WAL directory again (a state ``at`` an earlier
+    position lists it: its entries may have been collected since).
     """
     manifest = read_shard_manifest(storage, shard_id, None if at is None else at.manifest_version, known)
     listed = manifest.flushed_generations if manifest else ()
     replay_after = manifest.replay_after_wal_position if manifest else 0
-    entries = list_wal_entries(storage, shard_id, after=replay_after, known=known)
+    entries = list_wal_entries(storage, shard_id, after=replay_after, known=known if at is None else None)
     if at is not None:
         entries = [e for e in entries if e.position <= at.wal_position]
     unflushed = [e for e in entries if sentinel_epoch(storage, shard_id, e) is None]

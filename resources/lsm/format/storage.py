@@ -177,15 +177,11 @@ class TableStorage:
         files = (info for info in self._children(relative) if info.type == pafs.FileType.File)
         return [FileEntry(info.base_name, info.size or 0, info.mtime_ns) for info in files]
 
-    def list_files_named(
-        self, relative: str, wanted: Callable[[str], bool], seen: Callable[[str], FileEntry | None] | None = None
-    ) -> list[FileEntry]:
+    def list_files_named(self, relative: str, wanted: Callable[[str], bool]) -> list[FileEntry]:
         """The files of a directory whose name passes ``wanted`` (empty if the directory does not exist).
 
         An object store lists sizes and times with the names anyway; a local
-        listing would stat every entry, so there only the wanted files are,
-        and of those only the ones ``seen`` does not already describe (for
-        files that never change once written).
+        listing would stat every entry, so there only the wanted files are.
         """
         if not self.is_local:
             return [entry for entry in self.list_files(relative) if wanted(entry.name)]
@@ -193,17 +189,11 @@ class TableStorage:
 
         def stat_wanted() -> list[FileEntry]:
             try:
-                names = [name for name in os.listdir(directory) if wanted(name)]
+                paths = [f"{directory}/{name}" for name in os.listdir(directory) if wanted(name)]
             except FileNotFoundError:
                 return []
-            known = {name: entry for name in names if seen is not None and (entry := seen(name)) is not None}
-            new = [f"{directory}/{name}" for name in names if name not in known]
-            infos = {i.base_name: i for i in self.fs.get_file_info(new) if i.type == pafs.FileType.File}
-            return [
-                known.get(name) or FileEntry(name, infos[name].size or 0, infos[name].mtime_ns)
-                for name in names
-                if name in known or name in infos
-            ]
+            infos = self.fs.get_file_info(paths)
+            return [FileEntry(i.base_name, i.size or 0, i.mtime_ns) for i in infos if i.type == pafs.FileType.File]
 
         return self.retrying(stat_wanted, f"list {relative}")
 

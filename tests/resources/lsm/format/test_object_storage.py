@@ -16,7 +16,7 @@ import pytest
 from resources.lsm import LsmTable, VersionNotRetainedError
 from resources.lsm.format.layout import ARCHIVE_DIR
 from resources.lsm.format.shard_manifest import list_generation_dirs
-from resources.lsm.format.storage import FileEntry, TableStorage, filesystem, join
+from resources.lsm.format.storage import TableStorage, filesystem, join
 from resources.lsm.ingest.landing import (
     IngestLedger,
     LandingLocation,
@@ -141,21 +141,6 @@ def test_named_listing_is_the_same_on_a_local_disk_and_on_s3(tmp_path, s3_root, 
         wanted = storage.list_files_named("wal", lambda name: name.endswith(".arrow") and name != "1.arrow")
         listings.append(sorted((entry.name, entry.size, entry.mtime_ns is not None) for entry in wanted))
     assert listings[0] == listings[1] == [("2.arrow", 2, True), ("3.arrow", 3, True)]
-
-
-def test_a_local_named_listing_takes_files_seen_before_as_seen_and_drops_those_gone(tmp_path):
-    storage = TableStorage(str(tmp_path / "t"))
-    for name in ("1.arrow", "2.arrow", "3.arrow"):
-        storage.write_bytes_atomic(f"wal/{name}", b"abc")
-    os.remove(storage.path("wal/1.arrow"))  # removed (by GC) after a listing saw it
-    seen = {"1.arrow": FileEntry("1.arrow", 3, 1), "2.arrow": FileEntry("2.arrow", 99, 7)}
-
-    listed = storage.list_files_named("wal", lambda name: True, seen.get)
-
-    assert sorted((e.name, e.size, e.mtime_ns) for e in listed) == [
-        ("2.arrow", 99, 7),  # as seen: a file of a name that never changes is not statted again
-        ("3.arrow", 3, os.stat(storage.path("wal/3.arrow")).st_mtime_ns),
-    ]
 
 
 def _parquet(table: pa.Table) -> bytes:
