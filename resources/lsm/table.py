@@ -638,15 +638,9 @@ class LsmTable:
         buckets = self.handle.router.buckets(key_table)
         shards = {self.handle.shard_ids[b] for b in np.unique(buckets)}
         version = None if as_of is None else TableVersion.parse(as_of)
-        dataset = self.handle.dataset_to_read() if version is None else self.handle.dataset_at(version)
+        snapshot = self.handle.snapshot(fresh, shards, as_of=version, keys=key_table)
         return merged_read.lookup(
-            dataset,
-            self.primary_key,
-            lambda: self.handle.snapshot(fresh, shards, dataset=dataset, as_of=version, keys=key_table),
-            key_table,
-            buckets,
-            columns or dataset.schema.names,
-            self.handle.generation_filters,
+            snapshot, key_table, buckets, columns or snapshot.dataset.schema.names, self.handle.generation_filters
         )
 
     def changes(self, since: TableVersion | str, until: TableVersion | str | None = None) -> pa.RecordBatchReader:

@@ -106,8 +106,7 @@ def _shard_changes(
     upserts = written.filter(pc.invert(deleted)).drop_columns([TOMBSTONE_COLUMN])
     gone = written.filter(deleted).select(key)
     if gone.num_rows:  # only keys live at `since` were deleted
-        buckets = np.full(gone.num_rows, new.bucket)
-        gone = lookup(before.dataset, key, lambda: before, gone, buckets, key, handle.generation_filters)
+        gone = lookup(before, gone, np.full(gone.num_rows, new.bucket), key, handle.generation_filters)
     return pa.concat_tables([_with_op(upserts, "upsert", schema), _with_op(gone, "delete", schema)])
 
 

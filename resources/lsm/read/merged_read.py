@@ -412,34 +412,23 @@ first scan."""
 
 
 def lookup(
-    dataset: lance.LanceDataset,
-    primary_key: Sequence[str],
-    pin_levels: Callable[[], ReadSnapshot],
-    keys: pa.Table,
-    buckets: np.ndarray,
-    columns: list[str],
-    filters: GenerationFilters,
+    snapshot: ReadSnapshot, keys: pa.Table, buckets: np.ndarray, columns: list[str], filters: GenerationFilters
 ) -> pa.Table:
     """The merged-view row of each key in ``keys`` (absent keys are skipped).
 
-    ``dataset`` is the pinned base version; ``pin_levels`` pins the levels
-    above it (a :class:`ReadSnapshot` of ``dataset`` covering the shards of
-    ``buckets``, each key's bucket). Each key is answered by the newest level
-    that holds it: the WAL tail, then its shard's generations newer than the
-    shard's run (only those that ``filters`` says may hold it), the run, and
-    the base. The base is asked for every key in one query (through the
-    BTREE on each key column: the cost of Lance's own point lookup), on the
-    level readers' threads while the levels above it are pinned and searched,
-    so a lookup takes about the longer of the two, not their sum; the base
-    rows of keys a newer level answers are dropped.
+    ``buckets`` holds each key's bucket; ``snapshot`` must cover those shards.
+    Each key is answered by the newest level that holds it: the WAL tail,
+    then its shard's generations newer than the shard's run (only those that
+    ``filters`` says may hold it), the run, and the base, where all remaining
+    keys are read in one query (through the BTREE on each key column: the
+    cost of Lance's own point lookup).
     """
-    key = list(primary_key)
+    key = list(snapshot.primary_key)
     wanted = columns + [k for k in key if k not in columns]
-    in_base = level_readers().submit(_base_rows, dataset, keys, key, wanted)
-    snapshot = pin_levels()
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*wanted, TOMBSTONE_COLUMN]])
     in_tail = key_mask(keys, snapshot.tail, key)
     answered = [key_join(snapshot.tail, keys, key, "left semi").select(shape.names)] if in_tail.any() else []
+    to_base = []
     shards = {s.bucket: s for s in snapshot.shards}
     for bucket in np.unique(buckets[~in_tail]):
         shard = shards[int(bucket)]
@@ -450,11 +439,11 @@ def lookup(
             if found.num_rows:
                 answered.append(found)
                 todo = key_join(todo, found, key, "left anti")
-    found = in_base.result()
+        to_base.append(todo)
+    found = _base_rows(snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
     if answered:
-        newer = pa.concat_tables([t.cast(shape) for t in answered])
-        newest = live_rows(newer)
-        found = pa.concat_tables([key_join(found, newer, key, "left anti").cast(newest.schema), newest])
+        newest = live_rows(pa.concat_tables([t.cast(shape) for t in answered]))
+        found = pa.concat_tables([found.cast(newest.schema), newest])
     return _in_key_order(found, keys, key).select(columns)
 
 

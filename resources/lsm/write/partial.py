@@ -117,16 +117,8 @@ def complete_upserts(handle: TableHandle, shard_id: str, upserts: pa.Table) -> p
     key = list(handle.primary_key)
     keys = full.select(key).filter(pa.array(np.logical_or.reduce([masks[name] for name in wanted])))
     buckets = np.full(keys.num_rows, handle.shard_ids.index(shard_id))
-    dataset = handle.dataset_to_read()
-    current = merged_read.lookup(
-        dataset,
-        key,
-        lambda: handle.snapshot(True, {shard_id}, dataset=dataset, keys=keys),
-        keys,
-        buckets,
-        [*key, *wanted],
-        handle.generation_filters,
-    )
+    snapshot = handle.snapshot(True, {shard_id}, keys=keys)
+    current = merged_read.lookup(snapshot, keys, buckets, [*key, *wanted], handle.generation_filters)
     at = rows_of_keys(full.select(key), current, key)
     columns = [
         pc.if_else(pa.array(masks[name]), current[name].take(at).cast(full[name].type), full[name])

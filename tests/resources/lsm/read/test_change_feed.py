@@ -83,9 +83,9 @@ def test_the_feed_never_reads_the_base_for_upserts(make_table, monkeypatch):
     looked_up = []
     lookup = change_feed.lookup
 
-    def counting_lookup(dataset, key, pin_levels, keys, *args):
+    def counting_lookup(snapshot, keys, *args):
         looked_up.append(keys.num_rows)
-        return lookup(dataset, key, pin_levels, keys, *args)
+        return lookup(snapshot, keys, *args)
 
     monkeypatch.setattr(change_feed, "lookup", counting_lookup)
     assert {k: r["_op"] for k, r in feed(table, since).items()} == {(7,): "upsert", (4999,): "upsert", (12,): "delete"}

@@ -390,25 +390,3 @@ def test_a_narrow_integer_key_spanning_its_range_is_read_once_after_an_upsert(tm
         32767: "new",
     }
     assert table.read().num_rows == 4 and table.count() == 4
-
-
-def test_a_lookup_asks_the_base_while_it_pins_the_levels_and_newer_levels_win(make_table, monkeypatch):
-    table = make_table(num_shards=2)
-    table.write(pa.table({"id": pa.array(range(10), pa.int64()), "name": ["base"] * 10, "price": [1.0] * 10}))
-    table.close()
-    table.compact()
-    table.write(pa.table({"id": pa.array([2, 3], pa.int64()), "name": ["new"] * 2, "price": [2.0] * 2}))
-    table.write(pa.table({"id": pa.array([3, 4], pa.int64()), "_op": ["delete"] * 2}))  # in the WAL tail
-    asked = threading.Event()
-    base_rows, pin = merged_read._base_rows, table.handle.snapshot
-    monkeypatch.setattr(merged_read, "_base_rows", lambda *args: asked.set() or base_rows(*args))
-
-    def pin_once_the_base_is_asked(*args, **kwargs):
-        assert asked.wait(timeout=30), "the base was not asked before the levels were pinned"
-        return pin(*args, **kwargs)
-
-    monkeypatch.setattr(table.handle, "snapshot", pin_once_the_base_is_asked)
-
-    found = table.lookup([5, 4, 3, 2, 11])
-
-    assert list(zip(found["id"].to_pylist(), found["name"].to_pylist(), strict=True)) == [(5, "base"), (2, "new")]
