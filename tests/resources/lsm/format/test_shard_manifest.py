@@ -1,6 +1,7 @@
 """Finding a shard's WAL entries: listed once per handle, then only the next positions looked for."""
 
 import pyarrow as pa
+import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format import shard_manifest
@@ -24,8 +25,14 @@ def _counting_listings(storage: TableStorage, monkeypatch) -> list[str]:
     return listed
 
 
-def test_entries_written_after_a_listing_are_found_by_their_positions(tmp_path, monkeypatch):
-    storage = TableStorage(str(tmp_path / "t"))
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_entries_written_after_a_listing_are_found_by_their_positions(where, tmp_path, monkeypatch, request):
+    if where == "s3":
+        storage = TableStorage(
+            f"{request.getfixturevalue('s3_root')}/t", request.getfixturevalue("s3_server").storage_options()
+        )
+    else:
+        storage = TableStorage(str(tmp_path / "t"))
     listed = _counting_listings(storage, monkeypatch)
     known = KnownShardFiles()
     _write_entries(storage, range(1, 4))
