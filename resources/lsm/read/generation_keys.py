@@ -7,7 +7,7 @@ beside a busy writer) answers "maybe" for most keys, and each maybe costs
 a filtered read of the whole generation (about 1 ms at 100k rows). A
 generation asked ``READS_BEFORE_KEY_INDEX`` times gets an index of its keys
 (:class:`~resources.lsm.read.key_sets.KeyIndex`), built on the level
-readers' threads (no lookup waits for it: 87k string keys take about 26 ms),
+readers' threads (no lookup waits for it: 100k string keys take about 11 ms),
 and is then read only for keys it holds. A flushed generation never changes,
 so the index is kept for the process, shared by every table object, until
 evicted.
@@ -28,7 +28,7 @@ from .level_readers import build_in_background
 READS_BEFORE_KEY_INDEX = 16
 """Filtered reads of a generation by lookups before its keys are indexed.
 
-About what one index costs in reads (100k keys: 14 ms int64, 32 ms strings,
+About what one index costs in reads (100k keys: 6 ms int64, 11 ms strings,
 against ~1-2 ms a read): a generation read that often is likely read more,
 and one read less often never pays for an index (at worst twice the cost of
 the better choice, as in renting skis until their price is spent)."""

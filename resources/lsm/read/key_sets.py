@@ -9,8 +9,12 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
+from .key_hashes import key_hash, key_hashes
+
 _ROW = "__lsm_row"
 _FOUND = "__lsm_found_row"
+_VECTOR_KEYS = 16
+"""Keys asked of a :class:`KeyIndex` at once from which they are hashed by numpy rather than one by one."""
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
@@ -80,10 +84,15 @@ def rows_of_keys(keys: pa.Table, found: pa.Table, key: list[str]) -> pa.Array:
 class KeyIndex:
     """The row of each key of a table, for many lookups of a few keys each: built once, asked many times.
 
-    A key of one integer or string column is sorted once and searched by
-    bisection; other keys are hashed as Python tuples. Built over 200k keys:
-    17 ms (int64) and 49 ms (strings) sorted, about 100 ms hashed; either
-    answers one key in about 6 us.
+    A key of one integer column is sorted once and searched by bisection;
+    any other key by its 64-bit hash (:mod:`~resources.lsm.read.key_hashes`),
+    sorted the same way, and each hash found is confirmed by comparing the
+    keys. Every step of a build but the smallest runs without Python's GIL,
+    so an index built on a background thread never stalls the lookups of
+    other threads for long (a Python dict of 500k composite keys held it
+    for up to 140 ms). Built over 500k keys: 33 ms (int64), 85 ms (16-byte
+    strings), 46 ms (a string and an integer); a key is then answered in
+    about 10 µs.
     """
 
     def __init__(self, table: pa.Table, key: list[str]) -> None:
@@ -91,31 +100,64 @@ class KeyIndex:
         self.nbytes = self.size_of(table, key)
         """About what the index holds in memory."""
         column = table.column(key[0])
-        self._hashed: dict[tuple[object, ...], int] | None = None
-        if len(key) == 1 and (pa.types.is_integer(column.type) or pa.types.is_string(column.type)):
-            order = pc.sort_indices(column)
-            self._order = order.to_numpy()
-            self._sorted = column.take(order).to_numpy()
-        else:
-            values = zip(*(table.column(c).to_pylist() for c in key), strict=True)
-            self._hashed = {value: row for row, value in enumerate(values)}
+        self._by_value = len(key) == 1 and pa.types.is_integer(column.type)
+        """Whether keys are searched by their value (one integer column) rather than by their hash."""
+        self._keys = table.select(key)
+        searched = column.to_numpy() if self._by_value else key_hashes(self._keys, key)
+        self._order = np.argsort(searched)
+        self._sorted = searched[self._order]
 
     @staticmethod
     def size_of(table: pa.Table, key: list[str]) -> int:
-        """About what an index of ``table`` holds in memory (its keys, twice for Python's objects, a row per key)."""
-        return int(2 * table.select(key).nbytes + 8 * table.num_rows)
+        """About what an index of ``table`` holds in memory: its keys, a sorted word and a row per key."""
+        return int(table.select(key).nbytes + 16 * table.num_rows)
 
     def rows(self, keys: pa.Table) -> np.ndarray:
-        """The rows holding ``keys`` (of the indexed table's key types), in their order; absent keys left out."""
-        if self._hashed is not None:
-            found = (self._hashed.get(k) for k in zip(*(keys.column(c).to_pylist() for c in self._key), strict=True))
-            return np.array([row for row in found if row is not None], dtype=np.int64)
-        asked = keys.column(self._key[0]).to_numpy()
-        at = np.searchsorted(self._sorted, asked)
+        """The rows holding ``keys`` (of the indexed table's key types): each once, ascending; absent keys left out."""
+        if self._by_value:
+            return np.unique(self._order[self._matches(keys.column(self._key[0]).to_numpy())])
+        if keys.num_rows < _VECTOR_KEYS:
+            return self._rows_of_few(keys)
+        hashes = key_hashes(keys, self._key)
+        first = np.searchsorted(self._sorted, hashes)
+        counts = np.searchsorted(self._sorted, hashes, side="right") - first
+        # Pair each asked key with every held key of its hash (one, but for a collision or a key held twice).
+        asked = np.repeat(np.arange(keys.num_rows), counts)
+        nth = np.arange(len(asked)) - np.repeat(np.cumsum(counts) - counts, counts)
+        held = self._order[first[asked] + nth]
+        return np.unique(held[self._same_keys(keys.take(pa.array(asked)), held)])
+
+    def _matches(self, values: np.ndarray) -> np.ndarray:
+        """Where ``values`` sit in :attr:`_sorted`, for those it holds."""
+        at = np.searchsorted(self._sorted, values)
         held = at < len(self._sorted)
-        held[held] = self._sorted[at[held]] == asked[held]
-        rows: np.ndarray = self._order[at[held]]
-        return rows
+        held[held] = self._sorted[at[held]] == values[held]
+        found: np.ndarray = at[held]
+        return found
+
+    def _rows_of_few(self, keys: pa.Table) -> np.ndarray:
+        """:meth:`rows` of a few keys, hashed and compared as Python values (numpy's cost per call would dominate)."""
+        found = []
+        for asked in zip(*(keys.column(c).to_pylist() for c in self._key), strict=True):
+            if None in asked:
+                continue  # a null is no key
+            hashed = np.uint64(key_hash(asked))
+            at = int(np.searchsorted(self._sorted, hashed))
+            while at < len(self._sorted) and self._sorted[at] == hashed:
+                row = int(self._order[at])
+                if all(self._keys.column(c)[row].as_py() == v for c, v in zip(self._key, asked, strict=True)):
+                    found.append(row)
+                at += 1
+        return np.array(sorted(set(found)), dtype=np.int64)
+
+    def _same_keys(self, asked: pa.Table, held: np.ndarray) -> np.ndarray:
+        """Whether each row of ``asked`` holds the same key as the indexed row paired with it in ``held``."""
+        theirs = self._keys.take(pa.array(held))
+        same = np.ones(len(held), dtype=bool)
+        for name in self._key:
+            equal = pc.equal(asked.column(name), theirs.column(name).cast(asked.column(name).type))
+            same &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
+        return same
 
 
 def joinable(schema: pa.Schema) -> bool:

@@ -122,7 +122,7 @@ class PendingRun:
         ``None`` until then: a reader doing one lookup scans the run's keys,
         and a reader serving many has the index built once, on the level
         readers' threads (:class:`~resources.lsm.read.key_sets.KeyIndex`;
-        500k string keys take about 60 ms, which no lookup waits for), and
+        500k string keys take about 85 ms, which no lookup waits for), and
         answers each lookup from it once it is there.
         """
         if self._key_index is None and next(self._lookups_served) == SCANS_BEFORE_KEY_INDEX:

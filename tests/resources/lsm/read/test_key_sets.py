@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from resources.lsm.read import key_hashes, key_sets
 from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask
 
 rng = np.random.default_rng(12)
@@ -20,17 +21,31 @@ TABLES = {
 
 
 @pytest.mark.parametrize("kind", sorted(TABLES))
-def test_a_key_index_finds_the_row_of_every_held_key_and_leaves_out_the_others(kind):
+@pytest.mark.parametrize("count", [5, 120], ids=["a few keys: one by one", "many keys: by numpy"])
+def test_a_key_index_finds_the_row_of_every_held_key_and_leaves_out_the_others(kind, count):
     table, key = TABLES[kind]
     index = KeyIndex(table.slice(0, 500), key)  # the last 100 rows' keys are not in the index
-    asked = table.take(rng.permutation(600)[:120])
+    asked = table.take(rng.permutation(600)[:count])
     rows = index.rows(asked.select(key))
     held = [row for row, n in enumerate(table["v"].to_pylist()[:500]) if n in set(asked["v"].to_pylist())]
-    assert sorted(rows.tolist()) == held
-    assert table.take(rows).select(key).to_pylist() == [
-        k for k in asked.select(key).to_pylist() if k in table.slice(0, 500).select(key).to_pylist()
-    ]
+    assert rows.tolist() == held
     assert index.rows(asked.select(key).slice(0, 0)).size == 0
+
+
+@pytest.mark.parametrize("kind", ["string", "composite"])
+@pytest.mark.parametrize("count", [5, 120], ids=["a few keys: one by one", "many keys: by numpy"])
+def test_a_key_index_tells_apart_keys_whose_hashes_collide(kind, count, monkeypatch):
+    table, key = TABLES[kind]
+    # Four hashes for 600 keys: every key found shares its hash with ~150 others.
+    monkeypatch.setattr(key_sets, "key_hash", lambda values: key_hashes.key_hash(values) % 4)
+    monkeypatch.setattr(key_sets, "key_hashes", lambda rows, key: key_hashes.key_hashes(rows, key) % np.uint64(4))
+    twice = pa.concat_tables([table.slice(0, 500), table.slice(10, 1)])  # row 500 holds row 10's key again
+    index = KeyIndex(twice, key)
+    asked = pa.concat_tables([table.slice(10, 1), table.take(rng.permutation(600)[:count])]).select(key)
+    wanted = {tuple(k.values()) for k in asked.to_pylist()}
+    held = [row for row, k in enumerate(twice.select(key).to_pylist()) if tuple(k.values()) in wanted]
+    assert 10 in held and 500 in held
+    assert index.rows(asked).tolist() == held
 
 
 @pytest.mark.parametrize("kind", sorted(TABLES))
