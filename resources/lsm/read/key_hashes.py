@@ -38,8 +38,7 @@ def key_hash(values: Sequence[int | str]) -> int:
     """The hash of one key (its column values, in key order), as :func:`key_hashes` gives it."""
     hashed = 0
     for value in values:
-        bits = value & _MASK if isinstance(value, int) else _string_bits(value.encode())
-        hashed = _fold(hashed, bits)
+        hashed = _fold(hashed, value & _MASK if isinstance(value, int) else _string_bits(value.encode()))
     return int(_finish(hashed))
 
 
@@ -49,26 +48,32 @@ def key_hashes(table: pa.Table | pa.RecordBatch, key: Sequence[str]) -> np.ndarr
     The key columns must be integers or strings. A null hashes as whatever
     its slot holds.
     """
-    hashed = np.zeros(table.num_rows, dtype=np.uint64)
+    hashed: np.ndarray | None = None
     for name in key:
         column = table.column(name)
-        hashed = _fold(hashed, _column_bits(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column))
+        bits = _column_bits(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+        hashed = bits if hashed is None else _fold(hashed, bits)  # folding into 0 is the identity
     finished: np.ndarray = _finish(hashed)
     return finished
 
 
 def _fold(hashed: _Word, bits: _Word) -> _Word:
     """``hashed`` with one more 64-bit word folded in."""
-    return ((hashed * _GOLDEN) & _MASK) ^ bits
+    return _wrapped(hashed * _GOLDEN) ^ bits
 
 
 def _finish(hashed: _Word) -> _Word:
     """Murmur3's 64-bit finaliser: every input bit reaches every output bit."""
     hashed ^= hashed >> 33
-    hashed = (hashed * 0xFF51_AFD7_ED55_8CCD) & _MASK
+    hashed = _wrapped(hashed * 0xFF51_AFD7_ED55_8CCD)
     hashed ^= hashed >> 33
-    hashed = (hashed * 0xC4CE_B9FE_1A85_EC53) & _MASK
+    hashed = _wrapped(hashed * 0xC4CE_B9FE_1A85_EC53)
     return hashed ^ (hashed >> 33)
+
+
+def _wrapped(word: _Word) -> _Word:
+    """``word`` modulo 2^64: ``uint64`` arrays wrap by themselves, Python ints grow."""
+    return word & _MASK if isinstance(word, int) else word
 
 
 def _string_bits(data: bytes) -> int:
