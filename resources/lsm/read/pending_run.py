@@ -296,8 +296,10 @@ class PendingRuns:
         self._missing: dict[str, tuple[float, str | None]] = {}
         """Each missing run's path: when it was found missing (``time.monotonic()``), and the run over a
         shorter prefix of its generations found instead (its path), if any."""
+        self._finding: set[str] = set()
+        """Runs (paths) being looked for off the lookup path (:meth:`for_lookups`)."""
         self._lock = threading.Lock()
-        """Guards ``_missing``."""
+        """Guards ``_missing`` and ``_finding``."""
         self._indexed: dict[str, PendingRun | None] = {}
         """Each shard's newest run whose key index lookups used (:meth:`for_lookups`): one run a shard, kept
         besides the cache's budget until a newer one's index is built."""
@@ -349,23 +351,52 @@ class PendingRuns:
         return found
 
     def for_lookups(self, shard: ShardState, primary_key: list[str]) -> PendingRun | None:
-        """The run point lookups of ``shard`` read: :meth:`find`'s, or while its key index is not built yet,
-        the indexed run it extends (if the lookups had one), with the generations between read directly.
+        """The run point lookups of ``shard`` read: :meth:`find`'s, or while it is not read or its key index
+        not built yet, the indexed run it extends (if the lookups had one), with the generations between
+        read directly.
 
         Beside a busy writer the keeper replaces a shard's run with each
-        generation cut, and every reader indexes each new run again; the
-        lookups meanwhile would scan the new run's keys (about 1.6 ms a
-        lookup for 500k string keys, where its index answers in microseconds).
+        generation cut, and every reader reads and indexes each new run
+        again; a lookup meanwhile would wait for the read (tens of MB) or
+        scan the new run's keys (about 1.6 ms a lookup for 500k string keys,
+        where its index answers in microseconds). Both are done off the
+        lookup path.
         """
-        run = self.find(shard)
+        pending = shard.pending_generations
+        older = self._indexed.get(shard.shard_id)
+        extends = older is not None and older.generations == pending[: len(older.generations)]
+        if extends and older is not None and older.generations != pending:
+            run = self._runs.find(run_path(shard.shard_id, pending))
+            if run is None:
+                self._find_in_background(shard)
+                return older
+        else:
+            run = self.find(shard)
         if run is None or run.index_built():
             self._indexed[shard.shard_id] = run
             return run
-        older = self._indexed.get(shard.shard_id)
-        if older is None or older.generations != shard.pending_generations[: len(older.generations)]:
+        if not extends:
             return run  # scanned, and counted towards its index
         run.key_index(primary_key)  # counted towards its index
         return older
+
+    def _find_in_background(self, shard: ShardState) -> None:
+        """:meth:`find` on the level readers, unless under way or found missing less than a recheck ago."""
+        path = run_path(shard.shard_id, shard.pending_generations)
+        with self._lock:
+            seen, _ = self._missing.get(path, (-math.inf, None))
+            if path in self._finding or time.monotonic() - seen < MISSING_RUN_RECHECK_SECONDS:
+                return
+            self._finding.add(path)
+
+        def find() -> None:
+            try:
+                self.find(shard)
+            finally:
+                with self._lock:
+                    self._finding.discard(path)
+
+        build_in_background(find, f"the run {path}")
 
     def find_each(self, shards: Sequence[ShardState]) -> list[PendingRun | None]:
         """:meth:`find` for each shard, in order.

@@ -8,6 +8,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_bas
 from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
+from resources.lsm.read.level_readers import builds_done
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, reads_of, rows_by_key
@@ -123,6 +125,41 @@ def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_inde
     assert answers == [[2], [], [1], [0], [2]] * 2  # the new generation is read above the older run
     newer = table.handle.runs.find(shard)
     assert newer is not None and newer is not first and newer.index_built(timeout=60)
+    assert table.handle.runs.for_lookups(shard, table.primary_key) is newer
+    assert table.lookup([0, 1, 2, 1_000])["value"].to_pylist() == [2, 1, 2]
+
+
+def test_lookups_read_a_newer_run_another_process_stored_off_their_path(tmp_path, monkeypatch):
+    schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
+    table.write(pa.table({"id": range(1_000), "value": [0] * 1_000}, schema=schema))
+    table.close()
+    table.compact()
+    table.write(pa.table({"id": range(0, 1_000, 2), "value": [1] * 500}, schema=schema))
+    table.close()
+    table.build_pending_runs()
+    for key in range(10):
+        table.lookup([key])
+    (shard,) = table.shards()
+    first = table.handle.runs.for_lookups(shard, table.primary_key)
+    assert first is not None and first.index_built(timeout=60)
+    writer = LsmTable.open(table.uri)  # as a keeper in another process: this handle's cache never saw its run
+    writer.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
+    writer.close()
+    writer.build_pending_runs()
+    readers = []
+    read_run = pending_run.read_run
+    monkeypatch.setattr(pending_run, "read_run", lambda *a: readers.append(threading.current_thread()) or read_run(*a))
+
+    (shard,) = table.shards()
+    assert table.handle.runs.for_lookups(shard, table.primary_key) is first  # the newer run is read meanwhile
+    answers = [table.lookup([key])["value"].to_pylist() for key in [0, 1, 2, 3, 1_000] * 4]
+    assert answers == [[2], [], [1], [0], [2]] * 4  # the new generation is read above the older run
+    assert builds_done(timeout=60)
+    assert readers and threading.main_thread() not in readers
+    newer = table.handle.runs.find(shard)
+    assert newer is not None and newer is not first and newer.generations == shard.pending_generations
+    assert newer.index_built(timeout=60)
     assert table.handle.runs.for_lookups(shard, table.primary_key) is newer
     assert table.lookup([0, 1, 2, 1_000])["value"].to_pylist() == [2, 1, 2]
 
