@@ -20,7 +20,7 @@ from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.level_readers import builds_done
-from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns, run_path
+from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRun, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, reads_of, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
@@ -101,7 +101,10 @@ def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_sca
     assert rows_by_key(table.lookup(probes)) == {(k,): expected[(k,)] for k in probes if (k,) in expected}
 
 
-def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_indexed(tmp_path):
+def indexed_run_and_a_newer_one(tmp_path, stored_by: str) -> tuple[LsmTable, PendingRun]:
+    """A one-shard table whose lookups indexed its run (returned), then a newer run over one more
+    generation (0 and 1,000 upserted to 2, 1 deleted), stored through the table itself or through
+    a table opened anew (as a keeper in another process would: the table's cache never sees it)."""
     schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
     table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
     table.write(pa.table({"id": range(1_000), "value": [0] * 1_000}, schema=schema))
@@ -115,9 +118,15 @@ def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_inde
     (shard,) = table.shards()
     first = table.handle.runs.for_lookups(shard, table.primary_key)
     assert first is not None and first.index_built(timeout=60)
-    table.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
-    table.close()
-    table.build_pending_runs()  # the newer run: over the first's generation and the new one
+    writer = table if stored_by == "itself" else LsmTable.open(table.uri)
+    writer.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
+    writer.close()
+    writer.build_pending_runs()  # the newer run: over the first's generation and the new one
+    return table, first
+
+
+def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_indexed(tmp_path):
+    table, first = indexed_run_and_a_newer_one(tmp_path, stored_by="itself")
 
     (shard,) = table.shards()
     assert table.handle.runs.for_lookups(shard, table.primary_key) is first  # the newer one is not indexed yet
@@ -130,23 +139,7 @@ def test_lookups_read_the_indexed_run_a_newer_one_extends_until_that_one_is_inde
 
 
 def test_lookups_read_a_newer_run_another_process_stored_off_their_path(tmp_path, monkeypatch):
-    schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
-    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
-    table.write(pa.table({"id": range(1_000), "value": [0] * 1_000}, schema=schema))
-    table.close()
-    table.compact()
-    table.write(pa.table({"id": range(0, 1_000, 2), "value": [1] * 500}, schema=schema))
-    table.close()
-    table.build_pending_runs()
-    for key in range(10):
-        table.lookup([key])
-    (shard,) = table.shards()
-    first = table.handle.runs.for_lookups(shard, table.primary_key)
-    assert first is not None and first.index_built(timeout=60)
-    writer = LsmTable.open(table.uri)  # as a keeper in another process: this handle's cache never saw its run
-    writer.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
-    writer.close()
-    writer.build_pending_runs()
+    table, first = indexed_run_and_a_newer_one(tmp_path, stored_by="a table opened anew")
     readers = []
     read_run = pending_run.read_run
     monkeypatch.setattr(pending_run, "read_run", lambda *a: readers.append(threading.current_thread()) or read_run(*a))
