@@ -37,7 +37,7 @@ from .format.version import ShardPosition, TableVersion
 from .read.merged_read import SHARED_PENDING_GENERATIONS, ReadSnapshot
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
-from .read.wal_tail import read_wal_tail, wal_entry_cache
+from .read.wal_tail import read_wal_tail, resolved_tail_cache, wal_entry_cache
 
 _T = TypeVar("_T")
 
@@ -123,6 +123,7 @@ class TableHandle:
         self.runs = PendingRuns(self.storage)
         self.pending_cache = SHARED_PENDING_GENERATIONS
         self.wal_entries = wal_entry_cache()
+        self.wal_tails = resolved_tail_cache()
         self.known_files = KnownShardFiles()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.
@@ -342,6 +343,7 @@ class TableHandle:
                 list(self.primary_key),
                 keys=keys,
                 cache=self.wal_entries,
+                resolved=self.wal_tails,
             )
             for s in states
             if fresh and s.unflushed_wal_entries

@@ -10,6 +10,7 @@ and were never acknowledged, so they are skipped (as replay does).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -71,6 +72,25 @@ def wal_entry_cache() -> WalEntries:
     return LruCache(max_entries=4096, max_bytes=96 << 20, size_of=lambda entry: entry.nbytes)
 
 
+@dataclass(frozen=True)
+class ResolvedTail:
+    """The newest change per key over the first ``entries`` of a shard's WAL tail, to extend with later ones."""
+
+    entries: tuple[WalEntryFile, ...]
+    rows: pa.Table
+    fence_epoch: int
+    """The highest writer epoch fenced by a sentinel among ``entries``: later entries of older epochs are skipped."""
+
+
+ResolvedTails = LruCache[str, ResolvedTail]
+"""Each shard's whole WAL tail as a table handle last resolved it, by shard."""
+
+
+def resolved_tail_cache() -> ResolvedTails:
+    """A cache for :func:`read_wal_tail`'s ``resolved``: the tail of every shard of a table, 64 MiB at most."""
+    return LruCache(max_entries=1024, max_bytes=64 << 20, size_of=lambda tail: tail.rows.nbytes)
+
+
 def read_wal_tail(
     storage: TableStorage,
     shard_id: str,
@@ -80,6 +100,7 @@ def read_wal_tail(
     written_after: int | None = None,
     keys: pa.Table | None = None,
     cache: WalEntries | None = None,
+    resolved: ResolvedTails | None = None,
 ) -> pa.Table:
     """The newest change per key among a shard's WAL ``entries`` (ascending, as listed).
 
@@ -95,11 +116,17 @@ def read_wal_tail(
     point lookup beside a busy writer then costs what its keys cost, not
     what the whole tail does. ``cache`` (one per table handle:
     :func:`wal_entry_cache`) keeps the entries read, so each is read once.
+    ``resolved`` (one per table handle: :func:`resolved_tail_cache`) keeps
+    the whole tail (neither ``keys`` nor ``written_after``) each shard
+    resolved to, and a later read whose entries extend it resolves only the
+    entries after it: beside a busy writer, a scan then pays for the
+    entries written since the last read, not for the whole tail again.
     """
     tail_schema = empty_tail(schema).schema
-    fence_epoch = 0
-    parts = []
-    for entry in entries:
+    kept = resolved if keys is None and written_after is None else None  # only the whole tail is kept
+    earlier = _earlier_tail(kept, shard_id, entries) if kept is not None else None
+    fence_epoch, parts = earlier.fence_epoch if earlier else 0, []
+    for entry in entries[len(earlier.entries) if earlier else 0 :]:
         if written_after is not None and entry.position <= written_after:  # only its fence counts
             fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
             continue
@@ -114,9 +141,29 @@ def read_wal_tail(
         if keys is not None and not (rows := read.rows_of(keys)).num_rows:
             continue  # the usual answer for a lookup: no conform (55 us an entry)
         parts.append(conform(rows, tail_schema))  # an entry written before columns were added lacks them
-    if not parts:
-        return empty_tail(schema)
-    return keep_last_per_key(pa.concat_tables(parts), primary_key)
+    newer = keep_last_per_key(pa.concat_tables(parts), primary_key) if parts else empty_tail(schema)
+    tail = newer if earlier is None else _extended(conform(earlier.rows, tail_schema), newer, primary_key)
+    if kept is not None:
+        kept.put(shard_id, ResolvedTail(tuple(entries), tail, fence_epoch))
+    return tail
+
+
+def _extended(older: pa.Table, newer: pa.Table, primary_key: list[str]) -> pa.Table:
+    """The newest change per key over ``older`` then ``newer`` (each one row per key): the rows of ``older``
+    whose key ``newer`` lacks, then ``newer``, in the order one pass over both would keep them.
+
+    In one chunk: a tail extended read after read would otherwise gather a chunk per entry."""
+    if not newer.num_rows:
+        return older
+    return pa.concat_tables([key_join(older, newer, primary_key, "left anti"), newer]).combine_chunks()
+
+
+def _earlier_tail(resolved: ResolvedTails, shard_id: str, entries: Sequence[WalEntryFile]) -> ResolvedTail | None:
+    """The shard's tail resolved before, if ``entries`` extend its entries (newest per key is the same over both)."""
+    earlier = resolved.find(shard_id)
+    if earlier is None or tuple(entries[: len(earlier.entries)]) != earlier.entries:
+        return None
+    return earlier
 
 
 def _read_entry(

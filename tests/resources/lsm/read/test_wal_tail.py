@@ -49,3 +49,33 @@ def test_lookups_beside_an_open_writer_index_each_entry_they_keep_asking_and_fol
             k: oracle[k] for k in asked if k in oracle
         }
     assert len(built) == 4  # each entry once, after READS_BEFORE_KEY_INDEX lookups asked it
+
+
+@pytest.mark.parametrize("key", [["id"], ["customer", "id"]], ids=["one column", "composite"])
+def test_a_scan_beside_an_open_writer_resolves_only_the_entries_written_since_its_last_read(
+    make_table, monkeypatch, key
+):
+    table = make_table(EVENTS_SCHEMA, primary_key=key, num_shards=1)
+    read: list[str] = []
+    read_entry = wal_tail._read_entry
+    monkeypatch.setattr(
+        wal_tail,
+        "_read_entry",
+        lambda storage, shard, entry, *a: read.append(entry.name) or read_entry(storage, shard, entry, *a),
+    )
+    oracle: dict[int, str] = {}
+    for round_ in range(4):  # entries rewrite and delete keys of earlier ones; the writer stays open
+        ids = list(range(round_ * 30, round_ * 30 + 60))
+        table.write(pa.table({"id": ids, "customer": ["c"] * 60, "amount": [1.0] * 60, "status": [f"s{round_}"] * 60}))
+        table.write(pa.table({"id": [round_ * 7], "customer": ["c"], "_op": ["delete"]}))
+        oracle |= dict.fromkeys(ids, f"s{round_}")
+        oracle.pop(round_ * 7)
+        read.clear()
+        rows = table.scanner(columns=["id", "status"]).read_all()
+        assert dict(zip(rows["id"].to_pylist(), rows["status"].to_pylist(), strict=True)) == oracle
+        assert len(read) == (2 if round_ else len(set(read)))  # after the first read: the two entries just written
+    (state,) = table.shards()
+    whole = wal_tail.read_wal_tail(
+        table.handle.storage, state.shard_id, state.wal_entries, table.handle.dataset().schema, key
+    )
+    assert whole.sort_by("id").to_pylist() == table.handle.wal_tails.find(state.shard_id).rows.sort_by("id").to_pylist()
