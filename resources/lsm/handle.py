@@ -37,7 +37,7 @@ from .format.version import ShardPosition, TableVersion
 from .read.merged_read import SHARED_PENDING_GENERATIONS, ReadSnapshot
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
-from .read.wal_tail import read_wal_tail, resolved_tail_cache, wal_entry_cache
+from .read.wal_tail import SHARED_RESOLVED_TAILS, SHARED_WAL_ENTRIES, read_wal_tail
 
 _T = TypeVar("_T")
 
@@ -122,8 +122,8 @@ class TableHandle:
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
         self.runs = PendingRuns(self.storage)
         self.pending_cache = SHARED_PENDING_GENERATIONS
-        self.wal_entries = wal_entry_cache()
-        self.wal_tails = resolved_tail_cache()
+        self.wal_entries = SHARED_WAL_ENTRIES
+        self.wal_tails = SHARED_RESOLVED_TAILS
         self.known_files = KnownShardFiles()
         self.generation_filters = GenerationFilters(self.storage, [dataset.schema.field(k) for k in self.primary_key])
         # A version's manifest and transactions never change: decode its markers and claims once per version.

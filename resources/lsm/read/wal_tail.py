@@ -25,7 +25,7 @@ from .key_sets import KeyIndex, key_join
 
 
 class CachedEntry:
-    """One WAL entry a table handle read: its metadata and rows, and its key index once lookups keep asking it.
+    """One WAL entry the process read: its metadata and rows, and its key index once lookups keep asking it.
 
     A lookup asks each entry of the tail for its keys: about 0.1 ms an entry
     of 12.5k string keys compared one by one. An entry asked
@@ -60,16 +60,14 @@ class CachedEntry:
         return self._indexed.take(rows) if len(rows) else self._indexed.slice(0, 0)
 
 
-WalEntries = LruCache[tuple[str, str, int, int | None], CachedEntry]
-"""WAL entries one table handle read, by shard and file (name, size, modification time)."""
+WalEntries = LruCache[tuple[str, str, str, int, int | None], CachedEntry]
+"""WAL entries read, by table location, shard and file (name, size, modification time)."""
 
-
-def wal_entry_cache() -> WalEntries:
-    """A cache for :func:`read_wal_tail`: an entry never changes once written, and beside a busy writer every
-    fresh read reads the whole tail again, entries it read a moment ago included (most of a point lookup's cost).
-
-    96 MiB: about 64 MiB of rows and the key indexes lookups may build over them (each entry counts its own)."""
-    return LruCache(max_entries=4096, max_bytes=96 << 20, size_of=lambda entry: entry.nbytes)
+SHARED_WAL_ENTRIES: WalEntries = LruCache(max_entries=8192, max_bytes=256 << 20, size_of=lambda entry: entry.nbytes)
+"""The WAL entries this process read, shared by every table object opened in it (as :func:`read_wal_tail`'s
+``cache``): an entry never changes once written, and beside a busy writer every fresh read reads the whole
+tail again, entries read a moment ago included, by this table object or one opened before it (most of a point
+lookup's cost). 256 MiB: rows and the key indexes lookups build over them (each entry counts its own)."""
 
 
 @dataclass(frozen=True)
@@ -82,13 +80,13 @@ class ResolvedTail:
     """The highest writer epoch fenced by a sentinel among ``entries``: later entries of older epochs are skipped."""
 
 
-ResolvedTails = LruCache[str, ResolvedTail]
-"""Each shard's whole WAL tail as a table handle last resolved it, by shard."""
+ResolvedTails = LruCache[tuple[str, str], ResolvedTail]
+"""Each shard's whole WAL tail as last resolved, by table location and shard."""
 
-
-def resolved_tail_cache() -> ResolvedTails:
-    """A cache for :func:`read_wal_tail`'s ``resolved``: the tail of every shard of a table, 64 MiB at most."""
-    return LruCache(max_entries=1024, max_bytes=64 << 20, size_of=lambda tail: tail.rows.nbytes)
+SHARED_RESOLVED_TAILS: ResolvedTails = LruCache(max_entries=1024, max_bytes=128 << 20, size_of=lambda t: t.rows.nbytes)
+"""The tails this process resolved (as :func:`read_wal_tail`'s ``resolved``), shared by every table object
+opened in it: a reader opened anew (every Dagster step opens its tables) resolves only the entries written
+since another one read the tail."""
 
 
 def read_wal_tail(
@@ -114,17 +112,16 @@ def read_wal_tail(
     ``keys`` (a table of the key columns) keeps only the changes of those
     keys, taken from each entry before the newest per key is resolved: a
     point lookup beside a busy writer then costs what its keys cost, not
-    what the whole tail does. ``cache`` (one per table handle:
-    :func:`wal_entry_cache`) keeps the entries read, so each is read once.
-    ``resolved`` (one per table handle: :func:`resolved_tail_cache`) keeps
-    the whole tail (neither ``keys`` nor ``written_after``) each shard
+    what the whole tail does. ``cache`` (:data:`SHARED_WAL_ENTRIES`) keeps
+    the entries read, so each is read once. ``resolved``
+    (:data:`SHARED_RESOLVED_TAILS`) keeps the whole tail (neither ``keys`` nor ``written_after``) each shard
     resolved to, and a later read whose entries extend it resolves only the
     entries after it: beside a busy writer, a scan then pays for the
     entries written since the last read, not for the whole tail again.
     """
     tail_schema = empty_tail(schema).schema
     kept = resolved if keys is None and written_after is None else None  # only the whole tail is kept
-    earlier = _earlier_tail(kept, shard_id, entries) if kept is not None else None
+    earlier = _earlier_tail(kept.find((storage.location, shard_id)), entries) if kept is not None else None
     fence_epoch, parts = earlier.fence_epoch if earlier else 0, []
     for entry in entries[len(earlier.entries) if earlier else 0 :]:
         if written_after is not None and entry.position <= written_after:  # only its fence counts
@@ -144,7 +141,7 @@ def read_wal_tail(
     newer = keep_last_per_key(pa.concat_tables(parts), primary_key) if parts else empty_tail(schema)
     tail = newer if earlier is None else _extended(conform(earlier.rows, tail_schema), newer, primary_key)
     if kept is not None:
-        kept.put(shard_id, ResolvedTail(tuple(entries), tail, fence_epoch))
+        kept.put((storage.location, shard_id), ResolvedTail(tuple(entries), tail, fence_epoch))
     return tail
 
 
@@ -158,9 +155,8 @@ def _extended(older: pa.Table, newer: pa.Table, primary_key: list[str]) -> pa.Ta
     return pa.concat_tables([key_join(older, newer, primary_key, "left anti"), newer]).combine_chunks()
 
 
-def _earlier_tail(resolved: ResolvedTails, shard_id: str, entries: Sequence[WalEntryFile]) -> ResolvedTail | None:
-    """The shard's tail resolved before, if ``entries`` extend its entries (newest per key is the same over both)."""
-    earlier = resolved.find(shard_id)
+def _earlier_tail(earlier: ResolvedTail | None, entries: Sequence[WalEntryFile]) -> ResolvedTail | None:
+    """``earlier`` if ``entries`` extend its entries (newest per key is then the same over both)."""
     if earlier is None or tuple(entries[: len(earlier.entries)]) != earlier.entries:
         return None
     return earlier
@@ -174,4 +170,4 @@ def _read_entry(
 
     if cache is None:
         return read()
-    return cache.get((shard_id, entry.name, entry.size, entry.mtime_ns), read)
+    return cache.get((storage.location, shard_id, entry.name, entry.size, entry.mtime_ns), read)

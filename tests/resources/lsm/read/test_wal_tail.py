@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from resources.lsm import LsmTable
 from resources.lsm.read import wal_tail
 from resources.lsm.read.dedup import keep_last_per_key
 from resources.lsm.read.generation_keys import READS_BEFORE_KEY_INDEX
@@ -78,4 +79,27 @@ def test_a_scan_beside_an_open_writer_resolves_only_the_entries_written_since_it
     whole = wal_tail.read_wal_tail(
         table.handle.storage, state.shard_id, state.wal_entries, table.handle.dataset().schema, key
     )
-    assert whole.sort_by("id").to_pylist() == table.handle.wal_tails.find(state.shard_id).rows.sort_by("id").to_pylist()
+    assert (
+        whole.sort_by("id").to_pylist()
+        == table.handle.wal_tails.find((table.handle.storage.location, state.shard_id)).rows.sort_by("id").to_pylist()
+    )
+
+
+def test_a_table_opened_anew_reads_no_wal_entry_another_table_object_read(make_table, monkeypatch):
+    table = make_table(EVENTS_SCHEMA, num_shards=2)
+    table.write(pa.table({"id": range(100), "customer": ["c"] * 100, "amount": [1.0] * 100, "status": ["a"] * 100}))
+    assert table.count() == 100
+    read: list[str] = []
+    read_wal_entry = wal_tail.read_wal_entry
+    monkeypatch.setattr(
+        wal_tail,
+        "read_wal_entry",
+        lambda storage, shard, entry: read.append(entry.name) or read_wal_entry(storage, shard, entry),
+    )
+
+    again = LsmTable.open(table.uri)  # as the next Dagster step in this process would
+    assert again.count() == 100 and read == []
+    table.write(pa.table({"id": [5], "customer": ["c"], "amount": [2.0], "status": ["b"]}))
+    rows = LsmTable.open(table.uri).scanner(columns=["id", "status"]).read_all()
+    assert rows.num_rows == 100 and dict(zip(*rows.to_pydict().values(), strict=True))[5] == "b"
+    assert len(read) == 1  # the entry just written, and only that one
