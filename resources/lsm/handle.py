@@ -44,6 +44,8 @@ _T = TypeVar("_T")
 CONFIG_PRIMARY_KEY = "lsm.primary_key"
 CONFIG_SHARD_IDS = "lsm.shard_ids"
 CONFIG_MERGE_ENGINE = "lsm.merge_engine"
+CONFIG_TABLE_ID = "lsm.table_id"
+"""A random id a table records at creation: a table created again at the same location is another table."""
 
 WRITER_CONFIG_KEYS = frozenset(
     {
@@ -112,6 +114,10 @@ class TableHandle:
         self.storage_options = storage_options
         self.storage = TableStorage(uri, storage_options)
         """The table's files: filesystem, root and retry policy, built once."""
+        self.cache_scope = f"{self.storage.location}#{config.get(CONFIG_TABLE_ID, '')}"
+        """What the process's caches of this table's files are keyed by: its location, and its id (a file of a
+        table created again at the same location may have the name, size and, on object stores, the
+        second-resolution modification time of one read before)."""
         self.session = shared_session()
         self.primary_key: tuple[str, ...] = tuple(json.loads(config[CONFIG_PRIMARY_KEY]))
         self.shard_ids: tuple[str, ...] = tuple(json.loads(config[CONFIG_SHARD_IDS]))
@@ -344,6 +350,7 @@ class TableHandle:
                 keys=keys,
                 cache=self.wal_entries,
                 resolved=self.wal_tails,
+                scope=self.cache_scope,
             )
             for s in states
             if fresh and s.unflushed_wal_entries

@@ -11,6 +11,7 @@ whole design.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -39,6 +40,7 @@ from .format.storage import StorageOptions, TableStorage
 from .format.version import TableVersion
 from .handle import (
     CONFIG_MERGE_ENGINE,
+    CONFIG_TABLE_ID,
     CONFIG_PRIMARY_KEY,
     CONFIG_SHARD_IDS,
     WRITER_CONFIG_KEYS,
@@ -160,6 +162,7 @@ class LsmTable:
             {
                 CONFIG_PRIMARY_KEY: json.dumps(primary_key),
                 CONFIG_SHARD_IDS: json.dumps(shard_ids_for(num_shards)),
+                CONFIG_TABLE_ID: uuid.uuid4().hex,
                 **({CONFIG_MERGE_ENGINE: merge_engine} if merge_engine != LAST_WRITE_WINS else {}),
                 **search_config,
             }

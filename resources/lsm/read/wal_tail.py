@@ -61,7 +61,7 @@ class CachedEntry:
 
 
 WalEntries = LruCache[tuple[str, str, str, int, int | None], CachedEntry]
-"""WAL entries read, by table location, shard and file (name, size, modification time)."""
+"""WAL entries read, by table (location and id), shard and file (name, size, modification time)."""
 
 SHARED_WAL_ENTRIES: WalEntries = LruCache(max_entries=8192, max_bytes=256 << 20, size_of=lambda entry: entry.nbytes)
 """The WAL entries this process read, shared by every table object opened in it (as :func:`read_wal_tail`'s
@@ -81,7 +81,7 @@ class ResolvedTail:
 
 
 ResolvedTails = LruCache[tuple[str, str], ResolvedTail]
-"""Each shard's whole WAL tail as last resolved, by table location and shard."""
+"""Each shard's whole WAL tail as last resolved, by table (location and id) and shard."""
 
 SHARED_RESOLVED_TAILS: ResolvedTails = LruCache(max_entries=1024, max_bytes=128 << 20, size_of=lambda t: t.rows.nbytes)
 """The tails this process resolved (as :func:`read_wal_tail`'s ``resolved``), shared by every table object
@@ -99,6 +99,7 @@ def read_wal_tail(
     keys: pa.Table | None = None,
     cache: WalEntries | None = None,
     resolved: ResolvedTails | None = None,
+    scope: str | None = None,
 ) -> pa.Table:
     """The newest change per key among a shard's WAL ``entries`` (ascending, as listed).
 
@@ -118,16 +119,19 @@ def read_wal_tail(
     resolved to, and a later read whose entries extend it resolves only the
     entries after it: beside a busy writer, a scan then pays for the
     entries written since the last read, not for the whole tail again.
+    Both are keyed by ``scope`` (default: the table's location; a handle's
+    :attr:`~resources.lsm.handle.TableHandle.cache_scope` adds the table's id).
     """
+    scope = storage.location if scope is None else scope
     tail_schema = empty_tail(schema).schema
     kept = resolved if keys is None and written_after is None else None  # only the whole tail is kept
-    earlier = _earlier_tail(kept.find((storage.location, shard_id)), entries) if kept is not None else None
+    earlier = _earlier_tail(kept.find((scope, shard_id)), entries) if kept is not None else None
     fence_epoch, parts = earlier.fence_epoch if earlier else 0, []
     for entry in entries[len(earlier.entries) if earlier else 0 :]:
         if written_after is not None and entry.position <= written_after:  # only its fence counts
             fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
             continue
-        read = _read_entry(storage, shard_id, entry, primary_key, cache)
+        read = _read_entry(storage, scope, shard_id, entry, primary_key, cache)
         metadata, rows = read.metadata, read.rows
         epoch = int(metadata.get("writer_epoch", 0))
         if metadata.get("fence_sentinel") == "true":
@@ -141,7 +145,7 @@ def read_wal_tail(
     newer = keep_last_per_key(pa.concat_tables(parts), primary_key) if parts else empty_tail(schema)
     tail = newer if earlier is None else _extended(conform(earlier.rows, tail_schema), newer, primary_key)
     if kept is not None:
-        kept.put((storage.location, shard_id), ResolvedTail(tuple(entries), tail, fence_epoch))
+        kept.put((scope, shard_id), ResolvedTail(tuple(entries), tail, fence_epoch))
     return tail
 
 
@@ -163,11 +167,16 @@ def _earlier_tail(earlier: ResolvedTail | None, entries: Sequence[WalEntryFile])
 
 
 def _read_entry(
-    storage: TableStorage, shard_id: str, entry: WalEntryFile, primary_key: list[str], cache: WalEntries | None
+    storage: TableStorage,
+    scope: str,
+    shard_id: str,
+    entry: WalEntryFile,
+    primary_key: list[str],
+    cache: WalEntries | None,
 ) -> CachedEntry:
     def read() -> CachedEntry:
         return CachedEntry(*read_wal_entry(storage, shard_id, entry), primary_key)
 
     if cache is None:
         return read()
-    return cache.get((storage.location, shard_id, entry.name, entry.size, entry.mtime_ns), read)
+    return cache.get((scope, shard_id, entry.name, entry.size, entry.mtime_ns), read)
