@@ -40,9 +40,9 @@ from .format.storage import StorageOptions, TableStorage
 from .format.version import TableVersion
 from .handle import (
     CONFIG_MERGE_ENGINE,
-    CONFIG_TABLE_ID,
     CONFIG_PRIMARY_KEY,
     CONFIG_SHARD_IDS,
+    CONFIG_TABLE_ID,
     WRITER_CONFIG_KEYS,
     TableHandle,
     absolute_uri,
