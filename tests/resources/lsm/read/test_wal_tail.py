@@ -1,4 +1,5 @@
-"""The WAL tail of lookups: entries asked again and again get a key index, and the newest change still wins."""
+"""The WAL tail: entries lookups keep asking get a key index, a tail resolved once is only extended, and the
+process keeps what it read for every table object, never for another table at the same location."""
 
 from __future__ import annotations
 
