@@ -22,12 +22,14 @@ from typing import Any, TypeAlias
 import numpy as np
 import pyarrow as pa
 
-_Word: TypeAlias = Any
-"""A 64-bit word of one key (a Python int) or of many (a ``uint64`` array): the arithmetic below takes either.
+Word: TypeAlias = Any
+"""A 64-bit word of one key (a Python int) or of many (a ``uint64`` array): 64-bit hash arithmetic written
+once serves both (here and in :mod:`~resources.lsm.read.pk_bloom`).
 
 ``Any``: numpy's stubs type ``uint64`` arithmetic with Python ints as float."""
 
-_MASK = (1 << 64) - 1
+WORD_MASK = (1 << 64) - 1
+"""Python ints grow: ``& WORD_MASK`` keeps them to 64 bits, as ``uint64`` arrays are."""
 _GOLDEN = 0x9E37_79B9_7F4A_7C15
 """An odd 64-bit constant (2^64 / golden ratio): multiplying by it spreads low bits upwards."""
 _LOW_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)
@@ -38,7 +40,7 @@ def key_hash(values: Sequence[int | str]) -> int:
     """The hash of one key (its column values, in key order), as :func:`key_hashes` gives it."""
     hashed = 0
     for value in values:
-        hashed = _fold(hashed, value & _MASK if isinstance(value, int) else _string_bits(value.encode()))
+        hashed = _fold(hashed, value & WORD_MASK if isinstance(value, int) else _string_bits(value.encode()))
     return int(_finish(hashed))
 
 
@@ -57,12 +59,12 @@ def key_hashes(table: pa.Table | pa.RecordBatch, key: Sequence[str]) -> np.ndarr
     return finished
 
 
-def _fold(hashed: _Word, bits: _Word) -> _Word:
+def _fold(hashed: Word, bits: Word) -> Word:
     """``hashed`` with one more 64-bit word folded in."""
     return _wrapped(hashed * _GOLDEN) ^ bits
 
 
-def _finish(hashed: _Word) -> _Word:
+def _finish(hashed: Word) -> Word:
     """Murmur3's 64-bit finaliser: every input bit reaches every output bit."""
     hashed ^= hashed >> 33
     hashed = _wrapped(hashed * 0xFF51_AFD7_ED55_8CCD)
@@ -71,9 +73,9 @@ def _finish(hashed: _Word) -> _Word:
     return hashed ^ (hashed >> 33)
 
 
-def _wrapped(word: _Word) -> _Word:
+def _wrapped(word: Word) -> Word:
     """``word`` modulo 2^64: ``uint64`` arrays wrap by themselves, Python ints grow."""
-    return word & _MASK if isinstance(word, int) else word
+    return word & WORD_MASK if isinstance(word, int) else word
 
 
 def _string_bits(data: bytes) -> int:

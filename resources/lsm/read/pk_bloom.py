@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Sequence
-from typing import Any, TypeAlias, cast
+from typing import TypeAlias, cast
 
 import lance
 import numpy as np
@@ -37,6 +37,7 @@ import pyarrow as pa
 from ..format.layout import generation_dir
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
+from .key_hashes import WORD_MASK, Word
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,6 @@ _SAMPLE_ROWS = 64  # keys of a generation its filter must admit before we trust 
 _CACHED_FILTERS = 1024  # 32 KiB each in 14.0.2
 _CACHED_STACKS = 16  # a shard's trusted filters stacked: 512 KiB at 16 pending generations
 _VECTOR_KEYS = 16
-_Word: TypeAlias = Any
-"""A 64-bit word of one message (an int) or of many (a ``uint64`` array): :func:`_siphash13` takes either.
-
-``Any``: numpy's stubs type ``uint64`` arithmetic with Python ints as float."""
 
 
 def hashable_key_types(types: Sequence[pa.DataType]) -> bool:
@@ -232,34 +229,31 @@ class GenerationFilters:
         return bool(np.all(bloom.might_contain_all(pk_hashes(keys, self._types))))
 
 
-_MASK = (1 << 64) - 1
+def _rotl(value: Word, bits: int) -> Word:
+    return ((value << bits) | (value >> (64 - bits))) & WORD_MASK
 
 
-def _rotl(value: _Word, bits: int) -> _Word:
-    return ((value << bits) | (value >> (64 - bits))) & _MASK
-
-
-def _sip_round(v: list[_Word]) -> None:
-    v[0] = (v[0] + v[1]) & _MASK
+def _sip_round(v: list[Word]) -> None:
+    v[0] = (v[0] + v[1]) & WORD_MASK
     v[1] = _rotl(v[1], 13) ^ v[0]
     v[0] = _rotl(v[0], 32)
-    v[2] = (v[2] + v[3]) & _MASK
+    v[2] = (v[2] + v[3]) & WORD_MASK
     v[3] = _rotl(v[3], 16) ^ v[2]
-    v[0] = (v[0] + v[3]) & _MASK
+    v[0] = (v[0] + v[3]) & WORD_MASK
     v[3] = _rotl(v[3], 21) ^ v[0]
-    v[2] = (v[2] + v[1]) & _MASK
+    v[2] = (v[2] + v[1]) & WORD_MASK
     v[1] = _rotl(v[1], 17) ^ v[2]
     v[2] = _rotl(v[2], 32)
 
 
-def _siphash13(words: Sequence[_Word]) -> _Word:
+def _siphash13(words: Sequence[Word]) -> Word:
     """SipHash-1-3 with keys (0, 0) (Rust's ``DefaultHasher``) of messages given as their 64-bit words.
 
     The last word holds the message's trailing bytes and its length (mod
     256) in the top byte. Words are Python ints (one message) or ``uint64``
     arrays (one message per element): the same arithmetic serves both.
     """
-    v: list[_Word] = [0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573]
+    v: list[Word] = [0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573]
     for word in words:
         v[3] ^= word
         _sip_round(v)
