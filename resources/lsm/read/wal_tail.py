@@ -21,7 +21,7 @@ from ..format.wal import read_wal_entry, sentinel_epoch
 from ..lru_cache import LruCache
 from .dedup import keep_last_per_key
 from .generation_keys import READS_BEFORE_KEY_INDEX
-from .key_sets import KeyIndex, key_join
+from .key_sets import KeyIndex, key_join, laid_over
 
 
 class CachedEntry:
@@ -150,13 +150,11 @@ def read_wal_tail(
 
 
 def _extended(older: pa.Table, newer: pa.Table, primary_key: list[str]) -> pa.Table:
-    """The newest change per key over ``older`` then ``newer`` (each one row per key): the rows of ``older``
-    whose key ``newer`` lacks, then ``newer``, in the order one pass over both would keep them.
-
-    In one chunk: a tail extended read after read would otherwise gather a chunk per entry."""
+    """``newer`` laid over ``older`` (:func:`~resources.lsm.read.key_sets.laid_over`), in one chunk: a tail
+    extended read after read would otherwise gather a chunk per entry."""
     if not newer.num_rows:
         return older
-    return pa.concat_tables([key_join(older, newer, primary_key, "left anti"), newer]).combine_chunks()
+    return laid_over(older, newer, primary_key).combine_chunks()
 
 
 def _earlier_tail(earlier: ResolvedTail | None, entries: Sequence[WalEntryFile]) -> ResolvedTail | None:

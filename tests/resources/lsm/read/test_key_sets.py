@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from resources.lsm.read import key_hashes, key_sets
-from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask
+from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask, laid_over
 
 rng = np.random.default_rng(12)
 NUMBERS = rng.choice(10_000, 600, replace=False)
@@ -60,3 +60,14 @@ def test_membership_by_key_holds_exactly_the_rows_of_the_keys_asked(kind, asked)
     assert key_mask(left, right, key).tolist() == expected
     assert key_join(left, right, key, "left semi").num_rows == asked
     assert key_join(left, right, key, "left anti").num_rows == left.num_rows - asked
+
+
+@pytest.mark.parametrize("kind", sorted(TABLES))
+def test_a_level_laid_over_another_keeps_the_newest_row_of_every_key(kind):
+    table, key = TABLES[kind]
+    older, newer = table.slice(0, 400), table.slice(300, 300)  # rows 300-399 are in both
+    newer = newer.set_column(newer.schema.get_field_index("v"), "v", pa.array(np.full(300, -1)))
+    laid = laid_over(older, newer, key)
+    assert laid.num_rows == 600
+    newest = {tuple(r[c] for c in key): r["v"] for r in laid.to_pylist()}
+    assert newest == {tuple(r[c] for c in key): (-1 if n >= 300 else r["v"]) for n, r in enumerate(table.to_pylist())}
