@@ -7,13 +7,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR, wal_entry_path
+from resources.lsm.format.schema import ROW_ADDRESS
 from resources.lsm.format.shard_manifest import list_wal_entries, position_name
 from resources.lsm.format.wal import read_wal_entry
+from resources.lsm.read.deletion_vector import RowsFoundAhead
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -24,6 +27,15 @@ def rows_by_key(table: pa.Table, key=("id",)) -> dict:
         assert k not in result, f"duplicate key {k} in merged view"
         result[k] = row
     return result
+
+
+def rows_kept(found: RowsFoundAhead, dataset: lance.LanceDataset) -> list[str]:
+    """The ``id`` of every row of a scan of ``dataset`` that ``found`` keeps, batch by batch, in scan order."""
+    survivors = []
+    for batch in dataset.scanner(columns=["id"], with_row_address=True, batch_size=300).to_batches():
+        keep = found.keep_mask(batch.column(ROW_ADDRESS).to_numpy(), batch)
+        survivors += [k for k, stays in zip(batch.column("id").to_pylist(), keep, strict=True) if stays]
+    return survivors
 
 
 def keys_in_bucket(table: LsmTable, bucket: int, count: int, start: int = 0) -> list[int]:

@@ -4,11 +4,13 @@ Every path the engine reads or writes is spelled here once; all are relative
 to the table root (or, for the archive, to the landing directory)::
 
     _versions/<n>.manifest                               Lance's base manifests
+    data/<file>.lance                                    Lance's base data files
     _mem_wal/<shard>/manifest/version_hint.json          shard manifest hint (Lance MemWAL)
     _mem_wal/<shard>/manifest/<bits>.binpb               shard manifests, one per version
     _mem_wal/<shard>/wal/<bits>.arrow                    WAL entries
     _mem_wal/<shard>/<prefix>_gen_<N>/                   flushed generations
     _lsm_runs/<shard>/<first>-<last>-<digest>.arrow      pending runs (read/pending_run.py)
+    _lsm_key_hashes/v1/<fragment id>-<data file>.u64     key hashes of a base fragment (read/key_hash_files.py)
     _lsm_ingest/files/<landing file>.json                the landing ledger (ingest/landing.py)
     _lsm_ingest/staging/<run or write>/                  Spark's staged rows, deleted after a run
     _lsm_ingest/writes/<write id>/<shard>.json           the DataFrame writer's ledger (spark/writer.py)
@@ -21,8 +23,10 @@ docs/architecture.md §2 describes what each holds and who deletes it.
 from __future__ import annotations
 
 VERSIONS_DIR = "_versions"
+DATA_DIR = "data"
 MEM_WAL_DIR = "_mem_wal"
 RUNS_DIR = "_lsm_runs"
+KEY_HASHES_DIR = "_lsm_key_hashes/v1"
 INGEST_DIR = "_lsm_ingest"
 LEDGER_DIR = f"{INGEST_DIR}/files"
 STAGING_DIR = f"{INGEST_DIR}/staging"

@@ -1,6 +1,6 @@
 """Garbage collection: what flushing and merging leave behind.
 
-Five kinds of garbage, each with the rule that makes deleting it safe. Base
+Six kinds of garbage, each with the rule that makes deleting it safe. Base
 versions go first, so the generation rule sees exactly what is retained.
 
 Old base versions
@@ -59,6 +59,13 @@ Pending runs (``_lsm_runs/<shard>/``)
     fewer generations: it goes once older than ``orphan_grace_seconds``, as
     do temporary files of interrupted writes.
 
+Key hashes of base fragments (``_lsm_key_hashes/``)
+    A fragment's key hashes are named after its first data file. Lance
+    deletes that file with the last retained version holding the fragment,
+    and the hashes go with it: no version a reader can pin holds the
+    fragment any more. Temporary files of interrupted writes go once older
+    than ``orphan_grace_seconds``.
+
 Deletions go through ``pyarrow.fs`` (the table's :class:`TableStorage`), so
 the same code runs against object stores. A crash midway leaves only
 garbage that the next run collects.
@@ -70,12 +77,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import PurePosixPath
 
 import lance
 import pyarrow.fs as pafs
 
 from ..format.compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
-from ..format.layout import STAGING_DIR, generation_dir, run_dir, wal_entry_path
+from ..format.layout import DATA_DIR, KEY_HASHES_DIR, STAGING_DIR, generation_dir, run_dir, wal_entry_path
 from ..format.shard_manifest import (
     decode_shard_manifest,
     list_generation_dirs,
@@ -86,6 +94,7 @@ from ..format.shard_manifest import (
 )
 from ..format.storage import TableStorage
 from ..handle import TableHandle
+from ..read.key_hash_files import hashed_data_file
 from ..read.pending_run import covered_generations
 from .compaction import settle_claims
 from .policy import DEFAULT_GRACE_SECONDS, DEFAULT_VERSION_RETENTION
@@ -120,12 +129,13 @@ class GcResult:
     orphan_directories: Reclaimed
     base_versions: Reclaimed
     pending_runs: Reclaimed
+    key_hashes: Reclaimed
     elapsed_seconds: float
 
     @property
     def bytes_reclaimed(self) -> int:
         kinds = (self.compacted_generations, self.wal_entries, self.orphan_directories, self.base_versions)
-        return sum(r.bytes for r in (*kinds, self.pending_runs))
+        return sum(r.bytes for r in (*kinds, self.pending_runs, self.key_hashes))
 
 
 def collect_garbage(
@@ -161,7 +171,8 @@ def collect_garbage(
         wal += _delete_consumed_wal(storage, shard_id, now_ns - int(wal_keep_seconds * 1e9))
         runs += _delete_retired_runs(storage, shard_id, merged[shard_id], now_ns - int(orphan_grace_seconds * 1e9))
     orphans += _delete_stale_staging(storage, now_ns - int(orphan_grace_seconds * 1e9))
-    return GcResult(generations, wal, orphans, versions, runs, time.monotonic() - started)
+    hashes = _delete_unused_key_hashes(storage, now_ns - int(orphan_grace_seconds * 1e9))
+    return GcResult(generations, wal, orphans, versions, runs, hashes, time.monotonic() - started)
 
 
 def _cleanup_base_versions(table: TableHandle, older_than: timedelta | None, retain_versions: int | None) -> Reclaimed:
@@ -294,6 +305,19 @@ def _delete_retired_runs(storage: TableStorage, shard_id: str, bound: int, writt
         settled = f.mtime_ns is not None and f.mtime_ns <= written_before_ns
         if (span is not None and span[0] <= bound) or (settled and (span is None or span[1] < longest[span[0]])):
             storage.delete_file(f"{run_dir(shard_id)}/{f.name}")
+            reclaimed += Reclaimed(1, f.size)
+    return reclaimed
+
+
+def _delete_unused_key_hashes(storage: TableStorage, written_before_ns: int) -> Reclaimed:
+    """Delete the key hashes of fragments whose data file is gone (rules in the module docstring)."""
+    data_files = {PurePosixPath(f.name).stem for f in storage.list_files(DATA_DIR)}
+    reclaimed = Reclaimed()
+    for f in storage.list_files(KEY_HASHES_DIR):
+        settled = f.mtime_ns is not None and f.mtime_ns <= written_before_ns
+        data_file = hashed_data_file(f.name)
+        if (data_file is not None and data_file not in data_files) or (data_file is None and settled):
+            storage.delete_file(f"{KEY_HASHES_DIR}/{f.name}")
             reclaimed += Reclaimed(1, f.size)
     return reclaimed
 

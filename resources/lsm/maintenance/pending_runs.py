@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..handle import TableHandle
 from ..read.deletion_vector import fragment_ids
+from ..read.key_hash_files import write_missing_key_hashes
+from ..read.key_sets import joinable
 from ..read.level_readers import level_readers
 from ..read.pending_run import PendingRun, build_runs, run_path, store_run
 
@@ -40,11 +42,16 @@ def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
 def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[PendingRun]:
     """(Re)build the runs of ``shard_ids`` that are missing or stale; return the runs stored.
 
-    Idempotent, and cheap when nothing changed: current runs are only checked.
+    For a table with a nested column, also stores the key hashes of base
+    fragments that lack them (:mod:`~resources.lsm.read.key_hash_files`),
+    which its scans of keys without a run use. Idempotent, and cheap when nothing changed: current runs are
+    only checked.
     """
     if not shard_ids:
         return []
     dataset = handle.dataset()
+    if not joinable(dataset.schema):  # scans that cannot join keys find their rows through the stored hashes
+        write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key))
     present = fragment_ids(dataset)
     states = [s for s in handle.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
 

@@ -136,16 +136,38 @@ def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key:
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key), primary_key, ROW_ADDRESS)
 
 
-class SupersededRows:
+class RowsFoundAhead:
+    """Base rows a scan drops, found ahead of it group of consecutive fragments by group, in scan order.
+
+    A batch waits only for its own fragments' group, so the scan starts
+    after a fraction of the lookup. Subclasses look the groups up on the
+    level readers' threads.
+    """
+
+    def __init__(self, groups: list[list[lance.LanceFragment]]) -> None:
+        self._group_of = {fragment.fragment_id: number for number, group in enumerate(groups) for fragment in group}
+
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
+        """For each row of ``batch`` (at ``addresses``), whether it holds none of the keys (waits for its group)."""
+        raise NotImplementedError
+
+    def _groups_of(self, addresses: np.ndarray) -> list[int]:
+        """The groups of the fragments ``addresses`` lie in (one, but for a batch across fragments)."""
+        fragments = addresses >> np.uint64(32)
+        first, last = int(fragments[0]), int(fragments[-1])
+        ids = [first] if first == last and fragments.min() == fragments.max() else np.unique(fragments).tolist()
+        return sorted({self._group_of[int(f)] for f in ids})  # the scan reads only the fragments looked up
+
+
+class SupersededRows(RowsFoundAhead):
     """The base rows holding one of ``keys``, looked up ahead of a scan that drops them.
 
     The scan reads the base fragment by fragment. The lookup reads only the
     key columns of the same ``fragments`` (default: all of ``dataset``'s), on
     the level readers' threads, one task per group of consecutive fragments
     (:func:`_base_rows_of`: one semi-join over the group's key columns, or
-    one indexed ``IN`` query when the keys are few against the base), so it
-    runs ahead of the scan and a batch waits only for its own fragments'
-    group. Each group builds the key set again, so a group holds at least
+    one indexed ``IN`` query when the keys are few against the base).
+    Each group builds the key set again, so a group holds at least
     ``_ROWS_PER_KEY_PER_GROUP`` base rows per key; at least
     ``_MIN_GROUPS`` let the scan start after a fraction of the lookup.
     """
@@ -158,9 +180,15 @@ class SupersededRows:
         fragments: list[lance.LanceFragment] | None = None,
     ) -> None:
         groups = _fragment_groups(dataset.get_fragments() if fragments is None else fragments, keys.num_rows)
-        self._group_of = {fragment.fragment_id: number for number, group in enumerate(groups) for fragment in group}
+        super().__init__(groups)
         self._found: list[Future[DeletionVector]] = [Future() for _ in groups]
         level_readers().submit(self._look_up, dataset, keys, primary_key, groups)
+
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
+        """For each row of ``batch`` (at ``addresses``), whether it holds none of the keys (waits for its group)."""
+        if not len(addresses):
+            return np.ones(0, dtype=bool)
+        return DeletionVector.union([self._found[g].result() for g in self._groups_of(addresses)]).keep_mask(addresses)
 
     def _look_up(
         self,
@@ -178,24 +206,18 @@ class SupersededRows:
                 continue
             found.set_result(DeletionVector(rows.column(ROW_ADDRESS).to_numpy()))
 
-    def keep_mask(self, addresses: np.ndarray) -> np.ndarray:
-        """For each address of a batch the scan read, whether it holds none of the keys (waits for its group)."""
-        if not len(addresses):
-            return np.ones(0, dtype=bool)
-        fragments = addresses >> np.uint64(32)
-        first, last = int(fragments[0]), int(fragments[-1])
-        ids = [first] if first == last and fragments.min() == fragments.max() else np.unique(fragments).tolist()
-        groups = sorted({self._group_of[int(f)] for f in ids})  # the scan reads only the fragments looked up
-        return DeletionVector.union([self._found[g].result() for g in groups]).keep_mask(addresses)
-
 
 def _fragment_groups(fragments: list[lance.LanceFragment], keys: int) -> list[list[lance.LanceFragment]]:
     """Consecutive groups of ``fragments`` to look ``keys`` keys up in (one group when an indexed query serves)."""
     rows = sum(fragment.physical_rows for fragment in fragments)
     if keys * _SCAN_ROWS_PER_INDEXED_KEY < rows or len(fragments) < 2:
         return [fragments] if fragments else []
-    count = min(_MAX_GROUPS, len(fragments), max(_MIN_GROUPS, rows // (keys * _ROWS_PER_KEY_PER_GROUP)))
-    edges = np.linspace(0, len(fragments), count + 1).round().astype(int).tolist()
+    return consecutive_groups(fragments, min(_MAX_GROUPS, max(_MIN_GROUPS, rows // (keys * _ROWS_PER_KEY_PER_GROUP))))
+
+
+def consecutive_groups(fragments: list[lance.LanceFragment], count: int) -> list[list[lance.LanceFragment]]:
+    """``fragments`` cut into ``count`` consecutive groups of about as many fragments (fewer if they are fewer)."""
+    edges = np.linspace(0, len(fragments), min(count, len(fragments)) + 1).round().astype(int).tolist()
     return [fragments[start:stop] for start, stop in itertools.pairwise(edges)]
 
 

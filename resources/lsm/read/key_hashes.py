@@ -1,4 +1,4 @@
-"""A 64-bit hash of primary keys (integer and string columns, one or several), for in-memory key indexes.
+"""A 64-bit hash of primary keys (integer and string columns, one or several), for key indexes and stored hashes.
 
 Many keys are hashed with numpy (:func:`key_hashes`): every pass runs
 without Python's GIL, so a key index built on a background thread does not
@@ -7,7 +7,8 @@ the GIL up to 140 ms at a time; hashing them, 7 ms). One key is hashed on
 Python ints (:func:`key_hash`, a few µs, where numpy's cost per call would
 be tens of µs); both run the same arithmetic, so they agree.
 
-The hash is this process's own (never stored): a key's columns are folded
+The hash is the engine's own, and stored (:mod:`~resources.lsm.read.key_hash_files`:
+changing it means a new layout version there): a key's columns are folded
 in order, integers by value (an int32 and an int64 holding the same number
 agree) and strings by their UTF-8 bytes, eight at a time, then mixed by
 Murmur3's finaliser. Equal keys always hash alike; callers compare the keys

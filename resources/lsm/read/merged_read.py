@@ -45,7 +45,7 @@ from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
-from .deletion_vector import DeletionVector, SupersededRows, count_base_rows, fragment_ids
+from .deletion_vector import DeletionVector, RowsFoundAhead, SupersededRows, count_base_rows, fragment_ids
 from .filter_text import keys_filter
 from .generation_keys import generation_key_index
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
@@ -54,6 +54,7 @@ from .key_spread import key_spread
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns
 from .pk_bloom import GenerationFilters
+from .stored_hash_rows import StoredHashRows
 
 BASE_BATCH_ROWS = 65_536
 """Rows per base batch in a full scan: fewer, larger batches scan faster than Lance's default (8k)."""
@@ -130,7 +131,7 @@ def scan(
         snapshot = pin_levels()
         # The filter may name columns the caller did not ask for: read them all then.
         levels = resolve_levels(snapshot, dataset.schema.names if filter else wanted)
-        superseded = BaseRowFilter(dataset, [levels], key, base.schema)
+        superseded = BaseRowFilter(snapshot.storage, dataset, [levels], key, base.schema)
     except BaseException:
         base.close()
         raise
@@ -155,16 +156,21 @@ class BaseRowFilter:
     key set is built once for the whole scan, where testing batch by batch
     would build it again for every batch, a cost that follows the base.
     Arrow's join cannot carry nested columns (vectors, lists): for batches
-    with such columns the keys are first looked up in the base, ahead of the
-    scan (:class:`~resources.lsm.read.deletion_vector.SupersededRows`), and
-    their rows dropped by position too.
+    with such columns the rows of those keys are found ahead of the scan and
+    dropped by position too, through the fragments' stored key hashes when
+    every fragment read has them
+    (:class:`~resources.lsm.read.stored_hash_rows.StoredHashRows`), else by
+    reading the base's key columns
+    (:class:`~resources.lsm.read.deletion_vector.SupersededRows`).
 
     ``schema`` is the batches' (with ``_rowaddr``); ``fragments`` are the
-    base fragments they come from (default: all of ``dataset``'s).
+    base fragments they come from (default: all of ``dataset``'s, stored in
+    ``storage``).
     """
 
     def __init__(
         self,
+        storage: TableStorage,
         dataset: lance.LanceDataset,
         levels: Sequence[PendingLevels],
         key: list[str],
@@ -177,7 +183,10 @@ class BaseRowFilter:
         self._bitmap = _KeyBitmap.of(joined, key)
         by_key = self._bitmap is None and joined.num_rows > 0
         self._joined = joined if by_key and joinable(self._schema) else None
-        self._rows = SupersededRows(dataset, joined, key, fragments) if by_key and self._joined is None else None
+        self._rows: RowsFoundAhead | None = None
+        if by_key and self._joined is None:
+            hashed = StoredHashRows.of(storage, dataset, joined, key, fragments)
+            self._rows = hashed if hashed is not None else SupersededRows(dataset, joined, key, fragments)
         self._doomed_key = {name: self._joined.column(name)[0] for name in key} if self._joined is not None else {}
         """A key the join drops: rows the vector drops are given it, so that they go with the join."""
 
@@ -209,7 +218,7 @@ class BaseRowFilter:
         addresses = batch.column(ROW_ADDRESS).to_numpy()
         keep = self._vector.keep_mask(addresses)
         if self._rows is not None:
-            keep &= self._rows.keep_mask(addresses)
+            keep &= self._rows.keep_mask(addresses, batch)
         batch = batch.drop_columns([ROW_ADDRESS])
         if self._bitmap is not None:
             keep &= ~self._bitmap.found(batch)

@@ -257,7 +257,7 @@ class LsmReader(DataSourceReader):
             fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
             scanner = dataset.scanner(columns=wanted, filter=where, fragments=fragments, with_row_address=True)
             batches = scanner.to_reader()
-            superseded = BaseRowFilter(dataset, levels, self.primary_key, batches.schema, fragments)
+            superseded = BaseRowFilter(storage, dataset, levels, self.primary_key, batches.schema, fragments)
             for base in superseded.stream(batches):
                 if base.num_rows:
                     yield from self._output(pa.Table.from_batches([base]))

@@ -11,7 +11,7 @@ from resources.lsm import LsmTable
 from resources.lsm.format.schema import ROW_ADDRESS
 from resources.lsm.read import deletion_vector
 from resources.lsm.read.deletion_vector import DeletionVector, SupersededRows
-from tests.helpers import drop_pending_runs
+from tests.helpers import drop_pending_runs, rows_kept
 
 ROWS = 16_000
 
@@ -21,15 +21,6 @@ def base(tmp_path) -> lance.LanceDataset:
     """A base of 16 fragments of 1,000 string keys each, ``k0`` to ``k15999``."""
     keys = [f"k{i}" for i in range(ROWS)]
     return lance.write_dataset(pa.table({"id": keys, "v": range(ROWS)}), str(tmp_path / "base"), max_rows_per_file=1000)
-
-
-def kept(rows: SupersededRows, dataset: lance.LanceDataset) -> list[str]:
-    """The keys of every scan batch's rows ``rows`` keeps, in scan order."""
-    survivors = []
-    for batch in dataset.scanner(columns=["id"], with_row_address=True, batch_size=300).to_batches():
-        keep = rows.keep_mask(batch.column(ROW_ADDRESS).to_numpy())
-        survivors += [k for k, stays in zip(batch.column("id").to_pylist(), keep, strict=True) if stays]
-    return survivors
 
 
 @pytest.mark.parametrize(
@@ -55,7 +46,7 @@ def test_every_row_of_the_keys_is_found_whatever_fragment_group_it_lies_in(base,
     wanted.append("not-in-the-base")
     rows = SupersededRows(base, pa.table({"id": wanted}), ["id"])
 
-    assert kept(rows, base) == [f"k{i}" for i in range(ROWS) if f"k{i}" not in set(wanted)]
+    assert rows_kept(rows, base) == [f"k{i}" for i in range(ROWS) if f"k{i}" not in set(wanted)]
 
 
 def test_many_keys_are_looked_up_in_groups_of_consecutive_fragments(base):
@@ -78,9 +69,9 @@ def test_a_failed_lookup_fails_the_scan_when_it_reaches_that_group(base, monkeyp
     rows = SupersededRows(base, pa.table({"id": [f"k{i}" for i in range(0, ROWS, 40)]}), ["id"])
     first = base.get_fragment(0).scanner(columns=["id"], with_row_address=True).to_table()
 
-    assert rows.keep_mask(first.column(ROW_ADDRESS).to_numpy()).sum() == 975  # the groups before it answer
+    assert rows.keep_mask(first.column(ROW_ADDRESS).to_numpy(), first).sum() == 975  # the groups before it answer
     with pytest.raises(OSError, match="storage went away"):
-        kept(rows, base)
+        rows_kept(rows, base)
 
 
 def test_a_table_with_a_vector_column_and_nothing_merged_yet_reads_its_pending_rows(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from resources.lsm import LsmTable
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
+from resources.lsm.read.key_hash_files import write_missing_key_hashes
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import drop_pending_runs, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
@@ -217,12 +218,13 @@ KEYS_WITHOUT_BITMAP = {
 @pytest.mark.parametrize("key_type", KEYS_WITHOUT_BITMAP, ids=list(KEYS_WITHOUT_BITMAP))
 @pytest.mark.parametrize("vector", [False, True], ids=["flat", "with a vector column"])
 @pytest.mark.parametrize("many", [False, True], ids=["few keys", "many keys"])
+@pytest.mark.parametrize("hashes", [False, True], ids=["keys read", "key hashes stored"])
 def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
-    tmp_path, monkeypatch, key_type, vector, many
+    tmp_path, monkeypatch, key_type, vector, many, hashes
 ):
     arrow_type, key_of = KEYS_WITHOUT_BITMAP[key_type]
     fields = [pa.field("id", arrow_type), pa.field("value", pa.int64())]
-    if vector:  # a nested column: Arrow's join cannot carry it, so the keys' rows are looked up first
+    if vector:  # a nested column: Arrow's join cannot carry it, so the keys' rows are found first
         fields.append(pa.field("vec", pa.list_(pa.float32(), 2)))
     schema = pa.schema(fields)
     table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
@@ -241,6 +243,8 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
     table.write(pa.table({"id": pa.array([key_of(i) for i in deleted], arrow_type), "_op": ["delete"] * len(deleted)}))
     table.close()
     drop_pending_runs(table)
+    if hashes:  # as a merge or a run build stores them for a table with a nested column
+        write_missing_key_hashes(table.handle.storage, lance.dataset(table.uri), ["id"])
     joins: list[int] = []
     anti_join_stream = merged_read.anti_join_stream
     monkeypatch.setattr(
@@ -256,6 +260,14 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
             super().__init__(dataset, keys, *args)
 
     monkeypatch.setattr(merged_read, "SupersededRows", Counted)
+    hashed: list[int] = []
+
+    class CountedHashes(merged_read.StoredHashRows):
+        def __init__(self, storage, dataset, keys, *args):
+            hashed.append(keys.num_rows)
+            super().__init__(storage, dataset, keys, *args)
+
+    monkeypatch.setattr(merged_read, "StoredHashRows", CountedHashes)
 
     read = table.read()
 
@@ -264,7 +276,8 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
     assert read.num_rows == len(expected)
     assert read.schema == table.schema  # the not-null key and column types come through
     changed = len({*updated, *deleted})
-    assert (joins, looked_up) == (([], [changed]) if vector else ([changed], []))  # once for the whole scan
+    once = ([changed], [], []) if not vector else ([], [], [changed]) if hashes else ([], [changed], [])
+    assert (joins, looked_up, hashed) == once  # once for the whole scan
     if vector:  # dropped by position: the base rows keep their scan order
         gone = {key_of(i) for i in [*updated, *deleted]}
         base_order = [k for k in lance.dataset(table.uri).to_table()["id"].to_pylist() if k not in gone]

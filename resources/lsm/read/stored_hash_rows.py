@@ -1,0 +1,168 @@
+"""The base rows holding pending keys, found ahead of a scan through the fragments' stored key hashes.
+
+The scan then compares the keys of those rows only: two keys may share a
+hash, so a row is dropped when its key is one of the pending keys, never for
+its hash alone (:mod:`~resources.lsm.read.key_hash_files` stores the hashes).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+
+from ..format.schema import ROW_ADDRESS
+from ..format.storage import TableStorage
+from .deletion_vector import RowsFoundAhead, consecutive_groups
+from .key_hash_files import computed_key_hashes, key_hash_file, read_key_hashes, stored_key_hash_files
+from .key_hashes import key_hashes
+from .level_readers import level_readers
+
+log = logging.getLogger(__name__)
+
+_HASH, _PENDING = "__lsm_key_hash", "__lsm_pending_row"
+_GROUPS = 4
+"""Joins a scan's lookup makes, each over a quarter of its fragments in scan order: the first batches wait for
+a quarter of the lookup (each join builds the keys' hash table again)."""
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """A group's rows whose stored hash is a pending key's: ascending addresses, and that key's row for each
+    (an address twice when two pending keys share its hash)."""
+
+    addresses: np.ndarray
+    pending_rows: np.ndarray
+
+
+class StoredHashRows(RowsFoundAhead):
+    """The base rows of ``fragments`` whose key is one of ``keys``, for a scan that drops them.
+
+    On a level reader's thread, group of consecutive fragments by group, in
+    scan order: the fragments' stored hashes stream through one hash join
+    with the keys' hashes (8-byte words, no key column read), which pairs
+    every row holding a key, and rarely a row whose other key shares a hash,
+    with that key. :meth:`keep_mask` compares each pair's keys in the batch
+    the scan read, and drops a row only for an equal key.
+    """
+
+    @classmethod
+    def of(
+        cls,
+        storage: TableStorage,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        primary_key: list[str],
+        fragments: list[lance.LanceFragment] | None = None,
+    ) -> StoredHashRows | None:
+        """The rows of ``keys`` in ``fragments`` (default: all of ``dataset``'s), if every one has stored hashes."""
+        fragments = dataset.get_fragments() if fragments is None else fragments
+        stored = stored_key_hash_files(storage)
+        if not fragments or any(key_hash_file(fragment) not in stored for fragment in fragments):
+            return None
+        return cls(storage, dataset, keys, primary_key, fragments)
+
+    def __init__(
+        self,
+        storage: TableStorage,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        primary_key: list[str],
+        fragments: list[lance.LanceFragment],
+    ) -> None:
+        groups = consecutive_groups(fragments, _GROUPS)
+        super().__init__(groups)
+        self._keys = keys.select(primary_key).combine_chunks()
+        self._found: list[Future[_Pairs]] = [Future() for _ in groups]
+        level_readers().submit(self._look_up, storage, dataset, groups)
+
+    def _look_up(
+        self, storage: TableStorage, dataset: lance.LanceDataset, groups: list[list[lance.LanceFragment]]
+    ) -> None:
+        """Each group in turn, in scan order (the scan raises a failure when it needs the group)."""
+        try:
+            hashed = key_hashes(self._keys, self._keys.column_names)
+            wanted = pa.table({_HASH: hashed, _PENDING: np.arange(len(hashed), dtype=np.int64)})
+        except BaseException as exc:
+            for found in self._found:
+                found.set_exception(exc)
+            return
+        key = self._keys.column_names
+        for group, found in zip(groups, self._found, strict=True):
+            try:
+                pairs = _rows_hashed_like(storage, dataset, group, wanted, key)
+                addresses = pairs.column(ROW_ADDRESS).to_numpy()
+                order = np.argsort(addresses, kind="stable")
+                found.set_result(_Pairs(addresses[order], pairs.column(_PENDING).to_numpy()[order]))
+            except BaseException as exc:
+                found.set_exception(exc)
+
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
+        """For each row of ``batch`` (at ``addresses``), whether its key is none of the keys."""
+        keep = np.ones(len(addresses), dtype=bool)
+        if not len(addresses):
+            return keep
+        order = None if bool((addresses[1:] >= addresses[:-1]).all()) else np.argsort(addresses, kind="stable")
+        ascending = addresses if order is None else addresses[order]
+        for group in self._groups_of(addresses):
+            found = self._found[group].result()
+            first = np.searchsorted(found.addresses, ascending[0])
+            last = np.searchsorted(found.addresses, ascending[-1], side="right")
+            inside, pending = found.addresses[first:last], found.pending_rows[first:last]
+            at = np.minimum(np.searchsorted(ascending, inside), len(ascending) - 1)
+            read = ascending[at] == inside  # a row the scan skipped (deleted, filtered out) is not in the batch
+            rows = at[read] if order is None else order[at[read]]
+            keep[rows[self._same_keys(batch, rows, pending[read])]] = False
+        return keep
+
+    def _same_keys(self, batch: pa.RecordBatch, rows: np.ndarray, pending: np.ndarray) -> np.ndarray:
+        """Whether each row of ``batch`` holds the pending key paired with it (the hash of one, maybe not it)."""
+        same = np.ones(len(rows), dtype=bool)
+        for name in self._keys.column_names:
+            equal = pc.equal(batch.column(name).take(pa.array(rows)), self._keys.column(name).take(pa.array(pending)))
+            same &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
+        return same
+
+
+def _rows_hashed_like(
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    fragments: list[lance.LanceFragment],
+    wanted: pa.Table,
+    primary_key: list[str],
+) -> pa.Table:
+    """Each row of ``fragments`` whose stored key hash is in ``wanted``: its address, and ``wanted``'s row.
+
+    The fragments' hashes stream through one join, a fragment at a time.
+    """
+    schema = pa.schema([(_HASH, pa.uint64()), (ROW_ADDRESS, pa.uint64())])
+
+    def fragment_rows() -> Iterator[pa.RecordBatch]:
+        for fragment in fragments:
+            hashes = read_key_hashes(storage, fragment)
+            if hashes is None:  # gone or damaged since the scan found it: hash the key columns instead
+                log.warning("the key hashes of fragment %d are not readable; hashing its keys", fragment.fragment_id)
+                hashes = computed_key_hashes(dataset, fragment, primary_key)
+            if hashes is None:
+                raise RuntimeError(f"the rows of base fragment {fragment.fragment_id} could not all be read")
+            offsets = np.arange(len(hashes), dtype=np.uint64)
+            addresses = (np.uint64(fragment.fragment_id) << np.uint64(32)) | offsets
+            yield pa.record_batch([pa.array(hashes), pa.array(addresses)], schema=schema)
+
+    source = acero.Declaration(
+        "record_batch_reader_source",
+        acero.RecordBatchReaderSourceNodeOptions(pa.RecordBatchReader.from_batches(schema, fragment_rows())),
+    )
+    options = acero.HashJoinNodeOptions(
+        "inner", left_keys=[_HASH], right_keys=[_HASH], left_output=[ROW_ADDRESS], right_output=[_PENDING]
+    )
+    return acero.Declaration(
+        "hashjoin", options, inputs=[source, acero.Declaration("table_source", acero.TableSourceNodeOptions(wanted))]
+    ).to_table()
