@@ -167,3 +167,29 @@ def test_recovery_checks_and_scratch_sample_on_s3(configured, tmp_path):
     assert [f for r in reports for f in r.findings] == [] and sum(r.generations_verified for r in reports) == 2
     copy = scratch_sample(table, str(tmp_path / "copy.lance"), rows=1000)
     assert _view(copy) == _view(table) == replay(batches)  # the sample holds the whole (small) view
+
+
+def test_a_vector_tables_stored_key_hashes_on_s3(s3_root):
+    """Hashes are written, found and collected on s3:// as on a local disk; scans read through them."""
+    vector = pa.list_(pa.float32(), 2)
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False), ("v", pa.int64()), ("vec", vector)])
+    table = LsmTable.create(f"{s3_root}/vectors.lance", schema, ["id"], num_shards=2)
+
+    def rows(ids: range, value: int) -> pa.Table:
+        keys = [f"k{i}" for i in ids]
+        return pa.table({"id": keys, "v": [value] * len(keys), "vec": [[1.0, 0.0]] * len(keys)}, schema=schema)
+
+    table.write(rows(range(300), 0))
+    table.close()
+    table.compact(max_rows_per_pass=10**9)  # the base's first fragment and its hashes
+    table.write(rows(range(0, 300, 3), 1))
+    table.close()
+    table.handle.storage.delete_dir("_lsm_runs")  # keys without a run: found through the hashes
+    hashes = table.handle.storage.list_files("_lsm_key_hashes/v1")
+    assert len(hashes) == len(table.dataset().get_fragments()) == 1
+    assert {k: row["v"] for k, row in _view(table).items()} == {f"k{i}": int(i % 3 == 0) for i in range(300)}
+    table.compact(max_rows_per_pass=10**9)
+    table.dataset().optimize.compact_files(target_rows_per_fragment=10_000)  # rewrites: new fragment, new hashes
+    table.build_pending_runs()
+    assert table.gc(**EVERYTHING).key_hashes.count >= 1
+    assert len(table.handle.storage.list_files("_lsm_key_hashes/v1")) == len(table.dataset().get_fragments())
