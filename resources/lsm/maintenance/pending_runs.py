@@ -44,8 +44,8 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
 
     For a table with a nested column, also stores the key hashes of base
     fragments that lack them (:mod:`~resources.lsm.read.key_hash_files`),
-    which its scans of keys without a run use. Idempotent, and cheap when nothing changed: current runs are
-    only checked.
+    which its scans of keys without a run use. Idempotent, and cheap when
+    nothing changed: current runs are only checked.
     """
     if not shard_ids:
         return []

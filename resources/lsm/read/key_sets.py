@@ -129,26 +129,6 @@ class KeyIndex:
             return np.unique(self._order[self._matches(keys.column(self._key[0]).to_numpy())])
         if keys.num_rows < _VECTOR_KEYS:
             return self._rows_of_few(keys)
-        return np.unique(self._hashed_matches(keys)[1])
-
-    def holds(self, keys: pa.Table | pa.RecordBatch) -> np.ndarray:
-        """For each row of ``keys`` (of the indexed table's key types), whether the index holds its key."""
-        held = np.zeros(keys.num_rows, dtype=bool)
-        if not keys.num_rows:
-            return held
-        if self._by_value:
-            column = keys.column(self._key[0])
-            values = np.asarray(pc.fill_null(column, 0))  # a null is no key: is_valid below
-            at = np.searchsorted(self._sorted, values)
-            inside = at < len(self._sorted)
-            held[inside] = self._sorted[at[inside]] == values[inside]
-            held &= np.asarray(column.is_valid())
-            return held
-        held[self._hashed_matches(keys)[0]] = True
-        return held
-
-    def _hashed_matches(self, keys: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Each row of ``keys`` whose key is held, paired with the indexed row holding it (compared, not hashed)."""
         hashes = key_hashes(keys, self._key)
         first = np.searchsorted(self._sorted, hashes)
         counts = np.searchsorted(self._sorted, hashes, side="right") - first
@@ -156,8 +136,7 @@ class KeyIndex:
         asked = np.repeat(np.arange(keys.num_rows), counts)
         nth = np.arange(len(asked)) - np.repeat(np.cumsum(counts) - counts, counts)
         held = self._order[first[asked] + nth]
-        same = self._same_keys(keys.take(pa.array(asked)), held)
-        return asked[same], held[same]
+        return np.unique(held[self._same_keys(keys.take(pa.array(asked)), held)])
 
     def _matches(self, values: np.ndarray) -> np.ndarray:
         """Where ``values`` sit in :attr:`_sorted`, for those it holds."""
@@ -182,7 +161,7 @@ class KeyIndex:
                 at += 1
         return np.array(sorted(set(found)), dtype=np.int64)
 
-    def _same_keys(self, asked: pa.Table | pa.RecordBatch, held: np.ndarray) -> np.ndarray:
+    def _same_keys(self, asked: pa.Table, held: np.ndarray) -> np.ndarray:
         """Whether each row of ``asked`` holds the same key as the indexed row paired with it in ``held``."""
         theirs = self._keys.take(pa.array(held))
         same = np.ones(len(held), dtype=bool)

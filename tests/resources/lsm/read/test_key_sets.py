@@ -32,18 +32,6 @@ def test_a_key_index_finds_the_row_of_every_held_key_and_leaves_out_the_others(k
     assert index.rows(asked.select(key).slice(0, 0)).size == 0
 
 
-@pytest.mark.parametrize("kind", sorted(TABLES))
-def test_a_key_index_says_which_asked_keys_it_holds(kind):
-    table, key = TABLES[kind]
-    index = KeyIndex(table.slice(0, 500), key)
-    asked = table.take(rng.permutation(600)[:200]).select(key)
-    with_null = pa.concat_tables(
-        [asked, asked.slice(0, 1).set_column(0, asked.field(0), pa.nulls(1, asked.field(0).type))]
-    )
-    held = {tuple(row.values()) for row in table.slice(0, 500).select(key).to_pylist()}
-    assert index.holds(with_null).tolist() == [tuple(row.values()) in held for row in asked.to_pylist()] + [False]
-
-
 @pytest.mark.parametrize("kind", ["string", "composite"])
 @pytest.mark.parametrize("count", [5, 120], ids=["a few keys: one by one", "many keys: by numpy"])
 def test_a_key_index_tells_apart_keys_whose_hashes_collide(kind, count, monkeypatch):
