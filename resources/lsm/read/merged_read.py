@@ -321,7 +321,10 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     Each shard contributes its stored run (if one covers a prefix of its
     pending generations) and the generations after it; the WAL tail comes
     last. A run's vector is trusted while the pinned base still holds every
-    fragment it points into.
+    fragment it points into; the keys it holds are then never joined, even
+    when a newer level changed them again (their base rows are in the
+    vector): beside a writer that keeps changing the same keys, a scan joins
+    only the keys no run has seen yet.
     """
     key = list(snapshot.primary_key)
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
@@ -335,9 +338,16 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     if snapshot.tail.num_rows:  # each level holds a key once: laying one over the other is cheaper than a group-by
         newer = laid_over(newer, snapshot.tail.select(shape.names), key)
     trusted, untrusted = _split_by_trust(snapshot, runs)
-    from_runs = pa.concat_tables([shape.empty_table()] + [run.changes.select(shape.names).cast(shape) for run in runs])
-    changes = laid_over(from_runs, newer, key)
-    joined = pa.concat_tables([newer.select(key)] + [run.changes.select(key) for run in untrusted])
+    in_runs = [run.changes.select(shape.names).cast(shape) for run in (*trusted, *untrusted)]
+    from_runs = pa.concat_tables([shape.empty_table(), *in_runs])
+    changed = key_mask(from_runs, newer, key)  # run rows a newer level changes again
+    changes = pa.concat_tables([from_runs.filter(pa.array(~changed)), newer])
+    # A trusted run's vector drops the base row of every key it holds: those keys need no join, even changed again.
+    in_trusted = sum(run.changes.num_rows for run in trusted)
+    covered = from_runs.slice(0, in_trusted).filter(pa.array(changed[:in_trusted])).select(key)
+    joined = pa.concat_tables(
+        [key_join(newer.select(key), covered, key, "left anti")] + [run.changes.select(key) for run in untrusted]
+    )
     return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
 
 

@@ -403,3 +403,38 @@ def test_a_narrow_integer_key_spanning_its_range_is_read_once_after_an_upsert(tm
         32767: "new",
     }
     assert table.read().num_rows == 4 and table.count() == 4
+
+
+@pytest.mark.parametrize("new_keys", [0, 30], ids=["only keys a run holds", "and keys no run holds"])
+def test_keys_a_trusted_run_holds_are_not_joined_when_changed_again(tmp_path, monkeypatch, new_keys):
+    schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
+
+    def rows(keys: Sequence[int], value: int) -> pa.Table:
+        return pa.table({"id": [f"k{i:05d}" for i in keys], "value": [value] * len(keys)}, schema=schema)
+
+    lance.write_dataset(rows(range(3000), 0), table.uri, mode="append", max_rows_per_file=1000)
+    table.write(rows(range(0, 3000, 10), 1))
+    table.close()
+    table.build_pending_runs()  # the runs hold every tenth key
+    table.write(rows(range(0, 3000, 20), 2))  # changed again above the runs, flushed...
+    table.close()
+    table.write(rows([*range(10, 3000, 40), *range(3001, 3001 + 2 * new_keys, 2)], 3))  # ...and in the WAL tail
+    table.write(pa.table({"id": ["k00030", "k00005"], "_op": ["delete", "delete"]}))  # a run's key, a base key
+    joins: list[int] = []
+    anti_join_stream = merged_read.anti_join_stream
+    monkeypatch.setattr(
+        merged_read,
+        "anti_join_stream",
+        lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
+    )
+
+    read = table.read()
+
+    expected = {f"k{i:05d}": 0 for i in range(3000)} | {f"k{i:05d}": 1 for i in range(0, 3000, 10)}
+    expected |= {f"k{i:05d}": 2 for i in range(0, 3000, 20)} | {f"k{i:05d}": 3 for i in range(10, 3000, 40)}
+    expected |= {f"k{i:05d}": 3 for i in range(3001, 3001 + 2 * new_keys, 2)}
+    del expected["k00030"], expected["k00005"]
+    assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
+    assert joins == [new_keys + 1]  # the keys no run holds (k00005 among them), once for the whole scan
+    assert table.count() == len(expected)
