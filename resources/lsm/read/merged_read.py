@@ -342,11 +342,17 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     from_runs = pa.concat_tables([shape.empty_table(), *in_runs])
     changed = key_mask(from_runs, newer, key)  # run rows a newer level changes again
     changes = pa.concat_tables([from_runs.filter(pa.array(~changed)), newer])
-    # A trusted run's vector drops the base row of every key it holds: those keys need no join, even changed again.
-    in_trusted = sum(run.changes.num_rows for run in trusted)
-    covered = from_runs.slice(0, in_trusted).filter(pa.array(changed[:in_trusted])).select(key)
+    # A trusted run's vector drops the base row of every key it looked up (runs of older versions may hold keys
+    # not looked up, with a null base row): those keys need no join, even when a newer level changed them again.
+    looked_up = np.concatenate(
+        [np.ones(0, dtype=bool)] + [run.base_rows.is_valid().to_numpy(zero_copy_only=False) for run in trusted]
+    )
+    in_trusted, changed_there = from_runs.slice(0, len(looked_up)), changed[: len(looked_up)]
+    covered = in_trusted.filter(pa.array(changed_there & looked_up)).select(key)
+    not_looked_up = in_trusted.filter(pa.array(~changed_there & ~looked_up)).select(key)
     joined = pa.concat_tables(
-        [key_join(newer.select(key), covered, key, "left anti")] + [run.changes.select(key) for run in untrusted]
+        [key_join(newer.select(key), covered, key, "left anti"), not_looked_up]
+        + [run.changes.select(key) for run in untrusted]
     )
     return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
 

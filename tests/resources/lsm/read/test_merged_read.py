@@ -13,9 +13,11 @@ import pyarrow.compute as pc
 import pytest
 
 from resources.lsm import LsmTable
+from resources.lsm.format.layout import run_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.read.key_hash_files import write_missing_key_hashes
+from resources.lsm.read.pending_run import PendingRun, read_run, store_run
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import drop_pending_runs, rows_by_key
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
@@ -405,18 +407,27 @@ def test_a_narrow_integer_key_spanning_its_range_is_read_once_after_an_upsert(tm
     assert table.read().num_rows == 4 and table.count() == 4
 
 
+HOT_SCHEMA = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())])
+
+
+def hot_rows(keys: Sequence[int], value: int) -> pa.Table:
+    return pa.table({"id": [f"k{i:05d}" for i in keys], "value": [value] * len(keys)}, schema=HOT_SCHEMA)
+
+
+def table_with_runs_of_every_tenth_key(path: str) -> LsmTable:
+    """3,000 base rows ``k00000``.. (value 0); every tenth key changed (value 1) in generations with runs."""
+    table = LsmTable.create(path, HOT_SCHEMA, ["id"], num_shards=2)
+    lance.write_dataset(hot_rows(range(3000), 0), table.uri, mode="append", max_rows_per_file=1000)
+    table.write(hot_rows(range(0, 3000, 10), 1))
+    table.close()
+    table.build_pending_runs()
+    return table
+
+
 @pytest.mark.parametrize("new_keys", [0, 30], ids=["only keys a run holds", "and keys no run holds"])
 def test_keys_a_trusted_run_holds_are_not_joined_when_changed_again(tmp_path, monkeypatch, new_keys):
-    schema = pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())])
-    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=2)
-
-    def rows(keys: Sequence[int], value: int) -> pa.Table:
-        return pa.table({"id": [f"k{i:05d}" for i in keys], "value": [value] * len(keys)}, schema=schema)
-
-    lance.write_dataset(rows(range(3000), 0), table.uri, mode="append", max_rows_per_file=1000)
-    table.write(rows(range(0, 3000, 10), 1))
-    table.close()
-    table.build_pending_runs()  # the runs hold every tenth key
+    table = table_with_runs_of_every_tenth_key(str(tmp_path / "t.lance"))
+    rows = hot_rows
     table.write(rows(range(0, 3000, 20), 2))  # changed again above the runs, flushed...
     table.close()
     table.write(rows([*range(10, 3000, 40), *range(3001, 3001 + 2 * new_keys, 2)], 3))  # ...and in the WAL tail
@@ -438,3 +449,24 @@ def test_keys_a_trusted_run_holds_are_not_joined_when_changed_again(tmp_path, mo
     assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
     assert joins == [new_keys + 1]  # the keys no run holds (k00005 among them), once for the whole scan
     assert table.count() == len(expected)
+
+
+@pytest.mark.parametrize("changed_again", [False, True], ids=["unchanged since", "changed again above it"])
+def test_keys_a_run_of_an_older_version_did_not_look_up_are_dropped_by_key(tmp_path, changed_again):
+    """A stored run may hold keys without their base row (null): those base rows are found by key."""
+    table = table_with_runs_of_every_tenth_key(str(tmp_path / "t.lance"))
+    storage = table.handle.storage
+    for shard_id in table.shard_ids:
+        for entry in storage.list_files(run_dir(shard_id)):
+            run = read_run(storage, f"{run_dir(shard_id)}/{entry.name}", shard_id)
+            unknown = pa.nulls(len(run.base_rows), pa.uint64())
+            store_run(storage, PendingRun(run.shard_id, run.generations, run.changes, unknown))
+    expected = {f"k{i:05d}": 1 if i % 10 == 0 else 0 for i in range(3000)}
+    if changed_again:
+        table.write(hot_rows(range(0, 3000, 20), 2))  # in the WAL tail
+        expected |= {f"k{i:05d}": 2 for i in range(0, 3000, 20)}
+
+    read = LsmTable.open(table.uri).read()  # a table object that never saw the runs as built
+
+    assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
+    assert LsmTable.open(table.uri).count() == 3000
