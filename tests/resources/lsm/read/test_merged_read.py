@@ -211,6 +211,18 @@ def test_lookups_with_storage_options_search_generations_like_lances_planner(tmp
     assert rows_by_key(planned) == {k: row for k, row in oracle_view(batches + more).items() if k[0] in set(keys)}
 
 
+def counted_joins(monkeypatch) -> list[int]:
+    """The number of keys of each anti-join scans start from now on."""
+    joins: list[int] = []
+    anti_join_stream = merged_read.anti_join_stream
+    monkeypatch.setattr(
+        merged_read,
+        "anti_join_stream",
+        lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
+    )
+    return joins
+
+
 KEYS_WITHOUT_BITMAP = {
     "wide int64": (pa.int64(), lambda i: i * (1 << 40)),
     "string": (pa.string(), lambda i: f"key-{i:06d}"),
@@ -247,13 +259,7 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
     drop_pending_runs(table)
     if hashes:  # as a merge or a run build stores them for a table with a nested column
         write_missing_key_hashes(table.handle.storage, lance.dataset(table.uri), ["id"])
-    joins: list[int] = []
-    anti_join_stream = merged_read.anti_join_stream
-    monkeypatch.setattr(
-        merged_read,
-        "anti_join_stream",
-        lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
-    )
+    joins = counted_joins(monkeypatch)
     looked_up: list[int] = []
 
     class Counted(merged_read.SupersededRows):
@@ -432,13 +438,7 @@ def test_keys_a_trusted_run_holds_are_not_joined_when_changed_again(tmp_path, mo
     table.close()
     table.write(rows([*range(10, 3000, 40), *range(3001, 3001 + 2 * new_keys, 2)], 3))  # ...and in the WAL tail
     table.write(pa.table({"id": ["k00030", "k00005"], "_op": ["delete", "delete"]}))  # a run's key, a base key
-    joins: list[int] = []
-    anti_join_stream = merged_read.anti_join_stream
-    monkeypatch.setattr(
-        merged_read,
-        "anti_join_stream",
-        lambda batches, keys: joins.append(keys.num_rows) or anti_join_stream(batches, keys),
-    )
+    joins = counted_joins(monkeypatch)
 
     read = table.read()
 
