@@ -163,12 +163,16 @@ class KeyIndex:
 
     def _same_keys(self, asked: pa.Table, held: np.ndarray) -> np.ndarray:
         """Whether each row of ``asked`` holds the same key as the indexed row paired with it in ``held``."""
-        theirs = self._keys.take(pa.array(held))
-        same = np.ones(len(held), dtype=bool)
-        for name in self._key:
-            equal = pc.equal(asked.column(name), theirs.column(name).cast(asked.column(name).type))
-            same &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
-        return same
+        return same_keys(asked, self._keys.take(pa.array(held)), self._key)
+
+
+def same_keys(left: pa.Table | pa.RecordBatch, right: pa.Table | pa.RecordBatch, key: list[str]) -> np.ndarray:
+    """Whether each row of ``left`` holds the key of the row of ``right`` at the same position (a null never)."""
+    same = np.ones(left.num_rows, dtype=bool)
+    for name in key:
+        equal = pc.equal(left.column(name), right.column(name).cast(left.column(name).type))
+        same &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
+    return same
 
 
 def joinable(schema: pa.Schema) -> bool:

@@ -16,13 +16,13 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.acero as acero
-import pyarrow.compute as pc
 
 from ..format.schema import ROW_ADDRESS
 from ..format.storage import TableStorage
 from .deletion_vector import RowsFoundAhead, consecutive_groups
 from .key_hash_files import computed_key_hashes, key_hash_file, read_key_hashes, stored_key_hash_files
 from .key_hashes import key_hashes
+from .key_sets import same_keys
 from .level_readers import level_readers
 
 log = logging.getLogger(__name__)
@@ -119,16 +119,11 @@ class StoredHashRows(RowsFoundAhead):
             at = np.minimum(np.searchsorted(ascending, inside), len(ascending) - 1)
             read = ascending[at] == inside  # a row the scan skipped (deleted, filtered out) is not in the batch
             rows = at[read] if order is None else order[at[read]]
-            keep[rows[self._same_keys(batch, rows, pending[read])]] = False
+            # Each row holds the pending key paired with it, or only that key's hash.
+            key = self._keys.column_names
+            equal = same_keys(batch.select(key).take(pa.array(rows)), self._keys.take(pa.array(pending[read])), key)
+            keep[rows[equal]] = False
         return keep
-
-    def _same_keys(self, batch: pa.RecordBatch, rows: np.ndarray, pending: np.ndarray) -> np.ndarray:
-        """Whether each row of ``batch`` holds the pending key paired with it (the hash of one, maybe not it)."""
-        same = np.ones(len(rows), dtype=bool)
-        for name in self._keys.column_names:
-            equal = pc.equal(batch.column(name).take(pa.array(rows)), self._keys.column(name).take(pa.array(pending)))
-            same &= pc.fill_null(equal, False).to_numpy(zero_copy_only=False)
-        return same
 
 
 def _rows_hashed_like(
