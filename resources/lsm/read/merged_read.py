@@ -347,9 +347,9 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     looked_up = np.concatenate(
         [np.ones(0, dtype=bool)] + [run.base_rows.is_valid().to_numpy(zero_copy_only=False) for run in trusted]
     )
-    in_trusted, changed_there = from_runs.slice(0, len(looked_up)), changed[: len(looked_up)]
-    covered = in_trusted.filter(pa.array(changed_there & looked_up)).select(key)
-    not_looked_up = in_trusted.filter(pa.array(~changed_there & ~looked_up)).select(key)
+    in_trusted, changed_there = from_runs.select(key).slice(0, len(looked_up)), changed[: len(looked_up)]
+    covered = in_trusted.filter(pa.array(changed_there & looked_up))
+    not_looked_up = in_trusted.filter(pa.array(~changed_there & ~looked_up))
     joined = pa.concat_tables(
         [key_join(newer.select(key), covered, key, "left anti"), not_looked_up]
         + [run.changes.select(key) for run in untrusted]
