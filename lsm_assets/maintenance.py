@@ -258,15 +258,7 @@ def collect_garbage(context: AssetExecutionContext, table: "LsmTable", config: G
         "bytes_reclaimed": result.bytes_reclaimed,
         "elapsed_s": round(result.elapsed_seconds, 3),
     }
-    for kind in (
-        "compacted_generations",
-        "wal_entries",
-        "orphan_directories",
-        "base_versions",
-        "pending_runs",
-        "key_hashes",
-    ):
-        reclaimed = getattr(result, kind)
+    for kind, reclaimed in result.by_kind.items():
         metadata[f"{kind}_deleted"] = reclaimed.count
         metadata[f"{kind}_bytes"] = reclaimed.bytes
         context.log.info(f"{kind}: {reclaimed.count} deleted, {reclaimed.bytes} bytes")

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from pathlib import PurePosixPath
 
@@ -133,9 +133,13 @@ class GcResult:
     elapsed_seconds: float
 
     @property
+    def by_kind(self) -> dict[str, Reclaimed]:
+        """What was deleted of each kind of garbage, by kind (the field names)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "elapsed_seconds"}
+
+    @property
     def bytes_reclaimed(self) -> int:
-        kinds = (self.compacted_generations, self.wal_entries, self.orphan_directories, self.base_versions)
-        return sum(r.bytes for r in (*kinds, self.pending_runs, self.key_hashes))
+        return sum(r.bytes for r in self.by_kind.values())
 
 
 def collect_garbage(
