@@ -101,9 +101,14 @@ def rows_for(kind: str, ids: np.ndarray, rng: np.random.Generator) -> pa.Table:
 
 
 def template(data: Path, kind: str, rows: int) -> Path:
-    """The base of ``rows`` rows as an LSM table (no changes), built on first use."""
+    """The base of ``rows`` rows as an LSM table (no changes), built on first use.
+
+    Its fragments have their key files, as a merge leaves a base (a template
+    built before a kind of key file existed gets it on its next use).
+    """
     path = data / f"{kind}-{rows}.lance"
     if (path / ".complete").exists():
+        LsmTable.open(str(path)).build_pending_runs()  # no pending generations: writes missing key files only
         return path
     shutil.rmtree(path, ignore_errors=True)
     started = time.perf_counter()
@@ -116,18 +121,19 @@ def template(data: Path, kind: str, rows: int) -> Path:
 
     lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), str(path), mode="append")
     lance.dataset(str(path)).optimize.optimize_indices()
+    LsmTable.open(str(path)).build_pending_runs()
     (path / ".complete").write_text(f"built in {time.perf_counter() - started:.1f}s\n")
     print(f"built {path.name} in {time.perf_counter() - started:.1f}s", flush=True)
     return path
 
 
 def clone(source: Path, target: Path) -> Path:
-    """A copy of a table whose data and index files are hard links (Lance never rewrites them)."""
+    """A copy of a table whose data, index and key files are hard links (never rewritten once written)."""
     shutil.rmtree(target, ignore_errors=True)
     for directory, _, files in os.walk(source):
         relative = Path(directory).relative_to(source)
         (target / relative).mkdir(parents=True, exist_ok=True)
-        shared = relative.parts[:1] in (("data",), ("_indices",))
+        shared = relative.parts[:1] in (("data",), ("_indices",), ("_lsm_key_hashes",))
         for name in files:
             (os.link if shared else shutil.copy2)(Path(directory) / name, target / relative / name)
     return target

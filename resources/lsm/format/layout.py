@@ -11,6 +11,7 @@ to the table root (or, for the archive, to the landing directory)::
     _mem_wal/<shard>/<prefix>_gen_<N>/                   flushed generations
     _lsm_runs/<shard>/<first>-<last>-<digest>.arrow      pending runs (read/pending_run.py)
     _lsm_key_hashes/v1/<fragment id>-<data file>.u64     key hashes of a base fragment (read/key_hash_files.py)
+    _lsm_key_hashes/sorted-v1/<fragment id>-<data file>.idx  its key index (read/base_key_index.py)
     _lsm_ingest/files/<landing file>.json                the landing ledger (ingest/landing.py)
     _lsm_ingest/staging/<run or write>/                  Spark's staged rows, deleted after a run
     _lsm_ingest/writes/<write id>/<shard>.json           the DataFrame writer's ledger (spark/writer.py)
@@ -27,6 +28,7 @@ DATA_DIR = "data"
 MEM_WAL_DIR = "_mem_wal"
 RUNS_DIR = "_lsm_runs"
 KEY_HASHES_DIR = "_lsm_key_hashes/v1"
+KEY_INDEX_DIR = "_lsm_key_hashes/sorted-v1"
 INGEST_DIR = "_lsm_ingest"
 LEDGER_DIR = f"{INGEST_DIR}/files"
 STAGING_DIR = f"{INGEST_DIR}/staging"

@@ -83,7 +83,15 @@ import lance
 import pyarrow.fs as pafs
 
 from ..format.compaction_marker import read_compacted_generations, read_mem_wal_index_details, shard_generations
-from ..format.layout import DATA_DIR, KEY_HASHES_DIR, STAGING_DIR, generation_dir, run_dir, wal_entry_path
+from ..format.layout import (
+    DATA_DIR,
+    KEY_HASHES_DIR,
+    KEY_INDEX_DIR,
+    STAGING_DIR,
+    generation_dir,
+    run_dir,
+    wal_entry_path,
+)
 from ..format.shard_manifest import (
     decode_shard_manifest,
     list_generation_dirs,
@@ -314,14 +322,14 @@ def _delete_retired_runs(storage: TableStorage, shard_id: str, bound: int, writt
 
 
 def _delete_unused_key_hashes(storage: TableStorage, written_before_ns: int) -> Reclaimed:
-    """Delete the key hashes of fragments whose data file is gone (rules in the module docstring)."""
+    """Delete the key files (hashes, indexes) of fragments whose data file is gone (rules in the module docstring)."""
     data_files = {PurePosixPath(f.name).stem for f in storage.list_files(DATA_DIR)}
     reclaimed = Reclaimed()
-    for f in storage.list_files(KEY_HASHES_DIR):
+    for directory, f in ((d, f) for d in (KEY_HASHES_DIR, KEY_INDEX_DIR) for f in storage.list_files(d)):
         settled = f.mtime_ns is not None and f.mtime_ns <= written_before_ns
         data_file = hashed_data_file(f.name)
         if (data_file is not None and data_file not in data_files) or (data_file is None and settled):
-            storage.delete_file(f"{KEY_HASHES_DIR}/{f.name}")
+            storage.delete_file(f"{directory}/{f.name}")
             reclaimed += Reclaimed(1, f.size)
     return reclaimed
 

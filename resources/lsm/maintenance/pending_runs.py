@@ -24,7 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import lance
+
+from ..format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR
 from ..format.shard_state import ShardState, generation_flush_time_ns
+from ..format.storage import TableStorage
 from ..handle import TableHandle
 from ..read.deletion_vector import fragment_ids
 from ..read.key_hash_files import write_missing_key_hashes
@@ -39,19 +43,27 @@ def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
     return not pending or handle.storage.exists(run_path(state.shard_id, pending))
 
 
+def key_files(storage: TableStorage, dataset: lance.LanceDataset) -> tuple[str, ...]:
+    """The kinds of key file (directories) the base's fragments get: each kind where some read uses it.
+
+    Lookups take the key index on local storage (memory-mapped); scans of a
+    table with a nested column, which cannot join keys, take the per-row hashes.
+    """
+    kinds = (KEY_INDEX_DIR,) if storage.is_local else ()
+    return kinds if joinable(dataset.schema) else (*kinds, KEY_HASHES_DIR)
+
+
 def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[PendingRun]:
     """(Re)build the runs of ``shard_ids`` that are missing or stale; return the runs stored.
 
-    For a table with a nested column, also stores the key hashes of base
-    fragments that lack them (:mod:`~resources.lsm.read.key_hash_files`),
-    which its scans of keys without a run use. Idempotent, and cheap when
-    nothing changed: current runs are only checked.
+    Then stores the key files base fragments lack
+    (:mod:`~resources.lsm.read.key_hash_files`, :func:`key_files`): after a
+    merge, those of the fragments it wrote. Idempotent, and cheap when nothing
+    changed: current runs are only checked.
     """
     if not shard_ids:
         return []
     dataset = handle.dataset()
-    if not joinable(dataset.schema):  # scans that cannot join keys find their rows through the stored hashes
-        write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key))
     present = fragment_ids(dataset)
     states = [s for s in handle.shard_states(dataset, shard_ids, for_read=True) if s.pending_generations]
 
@@ -89,6 +101,8 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
         handle.runs.remember(run)
 
     list(pool.map(store, runs))
+    # After the runs: a base's first key files (a read of every fragment's keys) must not delay them.
+    write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key), key_files(handle.storage, dataset))
     return runs
 
 

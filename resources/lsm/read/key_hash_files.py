@@ -17,6 +17,12 @@ physical row in order, deleted rows too, so a read of an earlier version
 finds the rows that were live then. Hashes are
 :func:`~resources.lsm.read.key_hashes.key_hashes`, which must never change
 for files of this layout (``KEY_HASHES_DIR`` names its version).
+
+The same hashes, sorted, with each row's offset, are the fragment's *key
+index* (``KEY_INDEX_DIR``, 12 bytes a row): point lookups find a key's base
+rows through it instead of Lance's query planner
+(:mod:`~resources.lsm.read.base_key_index`). Both kinds of file are named
+and kept alike (:func:`key_hash_file` with the kind's directory).
 """
 
 from __future__ import annotations
@@ -27,48 +33,71 @@ from pathlib import PurePosixPath
 import lance
 import numpy as np
 
-from ..format.layout import KEY_HASHES_DIR
+from ..format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR
 from ..format.storage import TableStorage
 from .key_hashes import key_hashes
 
 log = logging.getLogger(__name__)
 
-_SUFFIX = ".u64"
+_SUFFIXES = {KEY_HASHES_DIR: ".u64", KEY_INDEX_DIR: ".idx"}
+"""Each kind of key file by its directory, and the suffix of its files."""
 
 
-def key_hash_file(fragment: lance.LanceFragment) -> str:
-    """Where ``fragment``'s key hashes are stored, relative to the table root."""
+def key_hash_file(fragment: lance.LanceFragment, directory: str = KEY_HASHES_DIR) -> str:
+    """Where ``fragment``'s key file of a kind (``directory``: per-row hashes or key index) is, from the table root."""
     first_file = PurePosixPath(fragment.data_files()[0].path).stem
-    return f"{KEY_HASHES_DIR}/{fragment.fragment_id}-{first_file}{_SUFFIX}"
+    return f"{directory}/{fragment.fragment_id}-{first_file}{_SUFFIXES[directory]}"
 
 
 def hashed_data_file(name: str) -> str | None:
-    """The data file (without its suffix) whose fragment a key-hash file name is for (``None``: not one)."""
-    fragment_id, _, data_file = name.removesuffix(_SUFFIX).partition("-")
-    return data_file if name.endswith(_SUFFIX) and fragment_id.isdigit() and data_file else None
+    """The data file (without its suffix) whose fragment a key file's name is for (``None``: not one)."""
+    suffix = PurePosixPath(name).suffix
+    fragment_id, _, data_file = name.removesuffix(suffix).partition("-")
+    return data_file if suffix in _SUFFIXES.values() and fragment_id.isdigit() and data_file else None
 
 
-def stored_key_hash_files(storage: TableStorage) -> set[str]:
-    """The key-hash files the table holds (paths relative to the table root)."""
-    return {f"{KEY_HASHES_DIR}/{entry.name}" for entry in storage.list_files(KEY_HASHES_DIR)}
+def stored_key_hash_files(storage: TableStorage, directory: str = KEY_HASHES_DIR) -> set[str]:
+    """The key files of a kind (``directory``) the table holds (paths relative to the table root)."""
+    return {f"{directory}/{entry.name}" for entry in storage.list_files(directory)}
 
 
-def write_missing_key_hashes(storage: TableStorage, dataset: lance.LanceDataset, primary_key: list[str]) -> int:
-    """Store the key hashes of every fragment of ``dataset`` that lacks them; return how many were written.
+def write_missing_key_hashes(
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    primary_key: list[str],
+    directories: tuple[str, ...] = (KEY_HASHES_DIR,),
+) -> int:
+    """Store the key files of each kind (``directories``) every fragment of ``dataset`` lacks; return how many.
 
-    Costs a read of those fragments' key columns (64Mi string keys, all
-    fragments: about 6 s), so after the first call it follows what merges
-    and rewrites added. Each file is written atomically.
+    Costs a read of those fragments' key columns, once for all kinds (64Mi
+    string keys, all fragments: about 6 s; sorting them for the key index
+    about as much again), so after the first call it follows what merges and
+    rewrites added. Each file is written atomically.
     """
-    stored = stored_key_hash_files(storage)
+    stored = set().union(*(stored_key_hash_files(storage, directory) for directory in directories))
     written = 0
     for fragment in dataset.get_fragments():
-        path = key_hash_file(fragment)
-        hashes = None if path in stored else computed_key_hashes(dataset, fragment, primary_key)
-        if hashes is not None:
-            storage.write_bytes_atomic(path, hashes.astype("<u8", copy=False).tobytes())
+        missing = [d for d in directories if key_hash_file(fragment, d) not in stored]
+        hashes = computed_key_hashes(dataset, fragment, primary_key) if missing else None
+        if hashes is None:
+            continue
+        for directory in missing:
+            storage.write_bytes_atomic(key_hash_file(fragment, directory), _ENCODINGS[directory](hashes))
             written += 1
     return written
+
+
+def _row_hashes(hashes: np.ndarray) -> bytes:
+    return hashes.astype("<u8", copy=False).tobytes()
+
+
+def _key_index(hashes: np.ndarray) -> bytes:
+    """The hashes in ascending order, then each one's row offset (``<u8`` then ``<u4`` words)."""
+    order = np.argsort(hashes, kind="stable")
+    return hashes[order].astype("<u8", copy=False).tobytes() + order.astype("<u4").tobytes()
+
+
+_ENCODINGS = {KEY_HASHES_DIR: _row_hashes, KEY_INDEX_DIR: _key_index}
 
 
 def computed_key_hashes(

@@ -20,7 +20,8 @@ with pylance 14.0.2 it costs a pass over the whole base per pending generation.
 A point lookup (:func:`lookup`) answers each key from the newest level that
 holds it: the WAL tail, generations newer than the shard's run (only those
 whose bloom filter may hold the key), the run, and finally the base, all
-remaining keys in one indexed query.
+remaining keys at once: through the fragments' key indexes, or one indexed
+Lance query.
 
 The base is trusted to hold each key once (only merge-into-base writes it):
 a base broken from outside shows its duplicates in the merged view, where
@@ -45,6 +46,7 @@ from ..format.schema import ROW_ADDRESS, TOMBSTONE_COLUMN, live_rows
 from ..format.shard_state import ShardState
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
+from .base_key_index import BaseKeyIndex
 from .deletion_vector import DeletionVector, RowsFoundAhead, SupersededRows, count_base_rows, fragment_ids
 from .filter_text import keys_filter
 from .generation_keys import generation_key_index
@@ -465,7 +467,7 @@ def lookup(
                 answered.append(found)
                 todo = key_join(todo, found, key, "left anti")
         to_base.append(todo)
-    found = _base_rows(snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
+    found = _base_rows(snapshot.storage, snapshot.dataset, pa.concat_tables([keys.slice(0, 0), *to_base]), key, wanted)
     if answered:
         newest = live_rows(pa.concat_tables([t.cast(shape) for t in answered]))
         found = pa.concat_tables([found.cast(newest.schema), newest])
@@ -546,15 +548,22 @@ def _newest_in_generations(
     return newest_per_key(levels, shape, key)
 
 
-def _base_rows(dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str]) -> pa.Table:
-    """The base rows of ``keys``, projected to ``columns`` (which include the key), in no particular order."""
+def _base_rows(
+    storage: TableStorage, dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str]
+) -> pa.Table:
+    """The base rows of ``keys``, projected to ``columns`` (which include the key), in no particular order.
+
+    Through the fragments' key indexes where the base has them
+    (:class:`~resources.lsm.read.base_key_index.BaseKeyIndex`), else Lance's query.
+    """
     if not keys.num_rows:
         return pa.schema([dataset.schema.field(c) for c in columns]).empty_table()
     # Naming every column costs Lance a projection plan; a single-column key's filter is exact.
-    found = dataset.to_table(
-        columns=None if columns == dataset.schema.names else columns,
-        filter=keys_filter(keys, key, key_spread(dataset, key)),
-    )
+    projection = None if columns == dataset.schema.names else columns
+    index = BaseKeyIndex.of(storage, dataset)
+    if index is not None:
+        return index.rows(dataset, keys, key, projection)
+    found = dataset.to_table(columns=projection, filter=keys_filter(keys, key, key_spread(dataset, key)))
     return found if len(key) == 1 else key_join(found, keys, key, "left semi")
 
 

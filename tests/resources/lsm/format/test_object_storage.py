@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from resources.lsm import LsmTable, VersionNotRetainedError
-from resources.lsm.format.layout import ARCHIVE_DIR
+from resources.lsm.format.layout import ARCHIVE_DIR, KEY_INDEX_DIR
 from resources.lsm.format.shard_manifest import list_generation_dirs
 from resources.lsm.format.storage import TableStorage, filesystem, join
 from resources.lsm.ingest.landing import (
@@ -79,6 +79,7 @@ def test_write_read_lookup_flush_compact_gc_on_s3(configured):
     reopened.build_pending_runs()
     join_free = reopened.compact()  # deletion files and new fragments written on s3, no join
     assert all(s.join_free_passes == s.passes == 1 for s in join_free.shards)
+    assert not reopened.handle.storage.list_files(KEY_INDEX_DIR)  # lookups memory-map key indexes on local disk only
     expected = replay([*batches, *more])
     assert _view(LsmTable.open(uri, storage_options=options)) == expected
 

@@ -1,0 +1,153 @@
+"""Point lookups of the base through the fragments' key indexes: the rows Lance's query finds, never another's."""
+
+from __future__ import annotations
+
+import logging
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from resources.lsm import LsmTable
+from resources.lsm.format.layout import KEY_INDEX_DIR
+from resources.lsm.read import base_key_index
+from resources.lsm.read.base_key_index import BaseKeyIndex
+from resources.lsm.read.key_hash_files import key_hash_file, write_missing_key_hashes
+from resources.lsm.read.key_hashes import key_hash
+
+SCHEMAS = {
+    "string": pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())]),
+    "int64": pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("value", pa.int64())]),
+    "composite": pa.schema(
+        [
+            pa.field("region", pa.string(), nullable=False),
+            pa.field("id", pa.int32(), nullable=False),
+            ("value", pa.int64()),
+        ]
+    ),
+}
+KEYS = {"string": ["id"], "int64": ["id"], "composite": ["region", "id"]}
+
+
+def key_of(kind: str, i: int) -> tuple:
+    return {"string": (f"k{i:05d}",), "int64": (i,), "composite": (f"r{i % 3}", i)}[kind]
+
+
+def rows(kind: str, ids: range | list[int], value: int) -> pa.Table:
+    keys = [key_of(kind, i) for i in ids]
+    columns = {name: [k[n] for k in keys] for n, name in enumerate(KEYS[kind])}
+    return pa.table({**columns, "value": [value] * len(keys)}, schema=SCHEMAS[kind])
+
+
+def index_used(monkeypatch) -> list[int]:
+    """Count the lookups answered through a base key index."""
+    used: list[int] = []
+    rows_of = BaseKeyIndex.rows
+    monkeypatch.setattr(BaseKeyIndex, "rows", lambda self, *args: used.append(1) or rows_of(self, *args))
+    return used
+
+
+def make_table(path: str, kind: str) -> LsmTable:
+    """A table whose base is 4 fragments of 500 rows (value 0), each with its key index."""
+    table = LsmTable.create(path, SCHEMAS[kind], KEYS[kind], num_shards=2)
+    lance.write_dataset(rows(kind, range(2000), 0), table.uri, mode="append", max_rows_per_file=500)
+    assert write_missing_key_hashes(table.handle.storage, lance.dataset(table.uri), KEYS[kind], (KEY_INDEX_DIR,)) == 4
+    return table
+
+
+@pytest.fixture
+def table(tmp_path) -> LsmTable:
+    return make_table(str(tmp_path / "t.lance"), "string")
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_lookups_through_the_key_index_find_each_keys_live_row(tmp_path, kind, monkeypatch):
+    """Rows merged since (their old rows deleted, new ones in new fragments), pending changes, absent keys."""
+    table = make_table(str(tmp_path / "t.lance"), kind)
+    table.write(rows(kind, range(0, 2000, 4), 1))
+    table.close()
+    table.compact()  # the updated rows move to new fragments, indexed by the merge's run build
+    table.write(rows(kind, range(1, 2000, 4), 2))
+    deleted = rows(kind, range(2, 2000, 8), 0).select(KEYS[kind])
+    table.write(deleted.append_column("_op", pa.array(["delete"] * deleted.num_rows)))
+    used = index_used(monkeypatch)
+    asked = [*range(40), 1999, 5000]
+    found = table.lookup([dict(zip(KEYS[kind], key_of(kind, i), strict=True)) for i in asked])
+    expected = {key_of(kind, i): 1 if i % 4 == 0 else 2 if i % 4 == 1 else 0 for i in asked if i < 2000 and i % 8 != 2}
+    assert {tuple(r[k] for k in KEYS[kind]): r["value"] for r in found.to_pylist()} == expected
+    assert used == [1]
+    assert table.lookup([dict(zip(KEYS[kind], key_of(kind, 5000), strict=True))]).num_rows == 0
+
+
+@pytest.mark.parametrize("asked", ["k00009", "k99999"])
+def test_a_row_whose_hash_is_the_asked_keys_but_whose_key_is_not_is_never_returned(table, asked):
+    """Two keys sharing a hash: the index offers the rows of both, the lookup keeps the one of the key asked."""
+    dataset = lance.dataset(table.uri)
+    path = key_hash_file(dataset.get_fragment(0), KEY_INDEX_DIR)
+    stored = table.handle.storage.read_bytes(path)
+    hashes, offsets = np.frombuffer(stored[:4000], "<u8").copy(), np.frombuffer(stored[4000:], "<u4")
+    hashes[offsets == 7] = key_hash([asked])  # k00007 now "hashes" like the key asked: a collision
+    order = np.argsort(hashes, kind="stable")
+    table.handle.storage.write_bytes_atomic(path, hashes[order].tobytes() + offsets[order].tobytes())
+    offered = BaseKeyIndex.of(table.handle.storage, dataset).addresses(np.array([key_hash([asked])], np.uint64))
+    assert 7 in offered.tolist()
+    expected = [{"id": asked, "value": 0}] if asked < "k02000" else []
+    assert LsmTable.open(table.uri).lookup([asked]).to_pylist() == expected
+
+
+def test_a_base_with_a_fragment_lacking_its_index_is_read_through_lances_query(table, monkeypatch):
+    dataset = lance.dataset(table.uri)
+    table.handle.storage.delete_file(key_hash_file(dataset.get_fragment(2), KEY_INDEX_DIR))
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is None
+    used = index_used(monkeypatch)
+    assert LsmTable.open(table.uri).lookup(["k01001", "k00003"])["id"].to_pylist() == ["k01001", "k00003"]
+    assert used == []
+
+
+def test_a_damaged_index_is_reported_and_lances_query_used(table, caplog):
+    damaged = key_hash_file(lance.dataset(table.uri).get_fragment(1), KEY_INDEX_DIR)
+    table.handle.storage.write_bytes_atomic(damaged, b"\0" * 12)  # 1 row of 500
+    with caplog.at_level(logging.WARNING, logger=base_key_index.__name__):
+        assert BaseKeyIndex.of(table.handle.storage, lance.dataset(table.uri)) is None
+    assert damaged in caplog.text
+    assert LsmTable.open(table.uri).lookup(["k00600"])["id"].to_pylist() == ["k00600"]
+
+
+def test_an_unindexed_base_is_looked_at_again_once_its_index_may_be_written(table, monkeypatch):
+    """A base version first met without a complete index: its index is written later, without a new version."""
+    dataset = lance.dataset(table.uri)
+    table.handle.storage.delete_file(key_hash_file(dataset.get_fragment(0), KEY_INDEX_DIR))
+    now = [1000.0]
+    monkeypatch.setattr(base_key_index.time, "monotonic", lambda: now[0])
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is None
+    write_missing_key_hashes(table.handle.storage, dataset, ["id"], (KEY_INDEX_DIR,))
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is None  # remembered for a while
+    now[0] += base_key_index._RECHECK_SECONDS
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is not None
+
+
+def test_time_travel_lookups_find_the_rows_of_their_version_through_its_fragments_indexes(table, monkeypatch):
+    before = table.version()
+    table.write(rows("string", range(0, 2000, 2), 1))
+    table.close()
+    table.compact()
+    used = index_used(monkeypatch)
+    then = table.lookup(["k00000", "k00001"], as_of=before)
+    now = table.lookup(["k00000", "k00001"])
+    assert then["value"].to_pylist() == [0, 0] and now["value"].to_pylist() == [1, 0]
+    assert used == [1, 1]
+
+
+def test_gc_deletes_the_index_of_fragments_no_retained_version_holds(table):
+    table.write(rows("string", range(0, 2000, 2), 1))
+    table.close()
+    table.compact()  # deletes superseded rows, appends fragments, stores their indexes
+    lance.dataset(table.uri).optimize.compact_files(target_rows_per_fragment=10_000)  # one new fragment
+    table.build_pending_runs()
+    reclaimed = table.gc(orphan_grace_seconds=0, wal_grace_seconds=0, older_than=None, retain_versions=1)
+    dataset = lance.dataset(table.uri)
+    left = {f"{KEY_INDEX_DIR}/{entry.name}" for entry in table.handle.storage.list_files(KEY_INDEX_DIR)}
+    assert left == {key_hash_file(f, KEY_INDEX_DIR) for f in dataset.get_fragments()}
+    assert reclaimed.key_hashes.count >= 4
+    assert LsmTable.open(table.uri).lookup(["k00000", "k00001"])["value"].to_pylist() == [1, 0]
