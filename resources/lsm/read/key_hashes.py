@@ -33,6 +33,8 @@ WORD_MASK = (1 << 64) - 1
 """Python ints grow: ``& WORD_MASK`` keeps them to 64 bits, as ``uint64`` arrays are."""
 _GOLDEN = 0x9E37_79B9_7F4A_7C15
 """An odd 64-bit constant (2^64 / golden ratio): multiplying by it spreads low bits upwards."""
+NUMPY_HASHED_KEYS = 16
+"""Keys from which :func:`key_hashes` costs less than :func:`key_hash` on each (~45 µs a call against ~2 µs a key)."""
 _LOW_BYTES = np.array([(1 << (8 * n)) - 1 for n in range(9)], dtype=np.uint64)
 """``_LOW_BYTES[n]``: a mask of a word's ``n`` low bytes."""
 

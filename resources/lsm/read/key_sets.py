@@ -9,12 +9,10 @@ import pyarrow as pa
 import pyarrow.acero as acero
 import pyarrow.compute as pc
 
-from .key_hashes import key_hash, key_hashes
+from .key_hashes import NUMPY_HASHED_KEYS, key_hash, key_hashes
 
 _ROW = "__lsm_row"
 _FOUND = "__lsm_found_row"
-_VECTOR_KEYS = 16
-"""Keys asked of a :class:`KeyIndex` at once from which they are hashed by numpy rather than one by one."""
 
 
 def key_join(left: pa.Table, right: pa.Table, key: list[str], join_type: str) -> pa.Table:
@@ -127,15 +125,14 @@ class KeyIndex:
         """The rows holding ``keys`` (of the indexed table's key types): each once, ascending; absent keys left out."""
         if self._by_value:
             return np.unique(self._order[self._matches(keys.column(self._key[0]).to_numpy())])
-        if keys.num_rows < _VECTOR_KEYS:
+        if keys.num_rows < NUMPY_HASHED_KEYS:
             return self._rows_of_few(keys)
         hashes = key_hashes(keys, self._key)
         first = np.searchsorted(self._sorted, hashes)
         counts = np.searchsorted(self._sorted, hashes, side="right") - first
         # Pair each asked key with every held key of its hash (one, but for a collision or a key held twice).
         asked = np.repeat(np.arange(keys.num_rows), counts)
-        nth = np.arange(len(asked)) - np.repeat(np.cumsum(counts) - counts, counts)
-        held = self._order[first[asked] + nth]
+        held = self._order[spans(first, counts)]
         return np.unique(held[self._same_keys(keys.take(pa.array(asked)), held)])
 
     def _matches(self, values: np.ndarray) -> np.ndarray:
@@ -164,6 +161,12 @@ class KeyIndex:
     def _same_keys(self, asked: pa.Table, held: np.ndarray) -> np.ndarray:
         """Whether each row of ``asked`` holds the same key as the indexed row paired with it in ``held``."""
         return same_keys(asked, self._keys.take(pa.array(held)), self._key)
+
+
+def spans(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions ``first[i]``, ..., ``first[i] + counts[i] - 1`` of every ``i``, in order."""
+    positions: np.ndarray = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+    return positions
 
 
 def same_keys(left: pa.Table | pa.RecordBatch, right: pa.Table | pa.RecordBatch, key: list[str]) -> np.ndarray:

@@ -153,8 +153,11 @@ class BaseRowFilter:
     its deletion vector. The keys no trusted vector covers (generations newer
     than their run, stale or missing runs, the WAL tail) are tested on each
     batch through a bitmap when they are one integer column of bounded span
-    (one lookup per row). Any other keys are dropped by one streaming hash
-    anti-join (:func:`~resources.lsm.read.key_sets.anti_join_stream`): its
+    (one lookup per row). Any other keys are found ahead of the scan through
+    the base's key index and dropped by position (their keys compared) when
+    they are few enough for the search to cost less than a join
+    (:meth:`~resources.lsm.read.base_key_index.BaseKeyIndex.searched_faster_than_scanned`),
+    else dropped by one streaming hash anti-join (:func:`~resources.lsm.read.key_sets.anti_join_stream`): its
     key set is built once for the whole scan, where testing batch by batch
     would build it again for every batch, a cost that follows the base.
     Arrow's join cannot carry nested columns (vectors, lists): for batches
@@ -184,13 +187,27 @@ class BaseRowFilter:
         self._schema = schema.remove(schema.get_field_index(ROW_ADDRESS))
         self._bitmap = _KeyBitmap.of(joined, key)
         by_key = self._bitmap is None and joined.num_rows > 0
-        self._joined = joined if by_key and joinable(self._schema) else None
-        self._rows: RowsFoundAhead | None = None
-        if by_key and self._joined is None:
-            hashed = StoredHashRows.of(storage, dataset, joined, key, fragments)
-            self._rows = hashed if hashed is not None else SupersededRows(dataset, joined, key, fragments)
+        self._rows = self._found_ahead(storage, dataset, joined, key, fragments) if by_key else None
+        self._joined = joined if by_key and self._rows is None else None
         self._doomed_key = {name: self._joined.column(name)[0] for name in key} if self._joined is not None else {}
         """A key the join drops: rows the vector drops are given it, so that they go with the join."""
+
+    def _found_ahead(
+        self,
+        storage: TableStorage,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        key: list[str],
+        fragments: list[lance.LanceFragment] | None,
+    ) -> RowsFoundAhead | None:
+        """The rows of ``keys`` found ahead of the scan, or ``None`` where joining them is the cheaper way."""
+        index = BaseKeyIndex.of(storage, dataset)
+        if index is not None and index.searched_faster_than_scanned(keys.num_rows):
+            return StoredHashRows.indexed(index, keys, key, dataset.get_fragments() if fragments is None else fragments)
+        if joinable(self._schema):
+            return None
+        hashed = StoredHashRows.of(storage, dataset, keys, key, fragments)
+        return hashed if hashed is not None else SupersededRows(dataset, keys, key, fragments)
 
     def stream(self, batches: pa.RecordBatchReader) -> Iterator[pa.RecordBatch]:
         """The surviving rows of every batch (without ``_rowaddr``); in scan order unless keys are joined."""

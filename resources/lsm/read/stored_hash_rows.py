@@ -1,16 +1,18 @@
 """The base rows holding pending keys, found ahead of a scan through the fragments' stored key hashes.
 
-The scan then compares the keys of those rows only: two keys may share a
-hash, so a row is dropped when its key is one of the pending keys, never for
-its hash alone (:mod:`~resources.lsm.read.key_hash_files` stores the hashes).
+Per-row hashes joined with the keys', or key indexes searched for them. The
+scan then compares the keys of those rows only: two keys may share a hash,
+so a row is dropped when its key is one of the pending keys, never for its
+hash alone (:mod:`~resources.lsm.read.key_hash_files` stores the hashes).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 
 import lance
 import numpy as np
@@ -19,6 +21,7 @@ import pyarrow.acero as acero
 
 from ..format.schema import ROW_ADDRESS
 from ..format.storage import TableStorage
+from .base_key_index import BaseKeyIndex
 from .deletion_vector import RowsFoundAhead, consecutive_groups
 from .key_hash_files import computed_key_hashes, key_hash_file, read_key_hashes, stored_key_hash_files
 from .key_hashes import key_hashes
@@ -46,11 +49,12 @@ class StoredHashRows(RowsFoundAhead):
     """The base rows of ``fragments`` whose key is one of ``keys``, for a scan that drops them.
 
     On a level reader's thread, group of consecutive fragments by group, in
-    scan order: the fragments' stored hashes stream through one hash join
-    with the keys' hashes (8-byte words, no key column read), which pairs
-    every row holding a key, and rarely a row whose other key shares a hash,
-    with that key. :meth:`keep_mask` compares each pair's keys in the batch
-    the scan read, and drops a row only for an equal key.
+    scan order, every row holding a key, and rarely a row whose other key
+    shares a hash, is paired with that key: through the fragments' stored
+    per-row hashes, streamed through one hash join with the keys' hashes
+    (:meth:`of`: 8-byte words, no key column read), or by searching their
+    key indexes (:meth:`indexed`). :meth:`keep_mask` compares each pair's
+    keys in the batch the scan read, and drops a row only for an equal key.
     """
 
     @classmethod
@@ -67,40 +71,48 @@ class StoredHashRows(RowsFoundAhead):
         stored = stored_key_hash_files(storage)
         if not fragments or any(key_hash_file(fragment) not in stored for fragment in fragments):
             return None
-        return cls(storage, dataset, keys, primary_key, fragments)
+        return cls(keys, primary_key, fragments, partial(_joined_pairs, storage, dataset, primary_key))
+
+    @classmethod
+    def indexed(
+        cls, index: BaseKeyIndex, keys: pa.Table, primary_key: list[str], fragments: list[lance.LanceFragment]
+    ) -> StoredHashRows:
+        """The rows of ``keys`` in ``fragments``, found through ``index`` (the key index of their base version)."""
+
+        def pairs_in(hashes: np.ndarray, group: list[lance.LanceFragment]) -> _Pairs:
+            return _Pairs(*index.pairs(hashes, {fragment.fragment_id for fragment in group}))
+
+        return cls(keys, primary_key, fragments, pairs_in)
 
     def __init__(
         self,
-        storage: TableStorage,
-        dataset: lance.LanceDataset,
         keys: pa.Table,
         primary_key: list[str],
         fragments: list[lance.LanceFragment],
+        pairs_in: Callable[[np.ndarray, list[lance.LanceFragment]], _Pairs],
     ) -> None:
+        """``pairs_in(hashes, group)`` pairs the rows of a group of ``fragments`` with the ``keys`` of the same hash."""
         groups = consecutive_groups(fragments, _GROUPS)
         super().__init__(groups)
         self._keys = keys.select(primary_key).combine_chunks()
         self._found: list[Future[_Pairs]] = [Future() for _ in groups]
-        level_readers().submit(self._look_up, storage, dataset, groups)
+        level_readers().submit(self._look_up, groups, pairs_in)
 
     def _look_up(
-        self, storage: TableStorage, dataset: lance.LanceDataset, groups: list[list[lance.LanceFragment]]
+        self,
+        groups: list[list[lance.LanceFragment]],
+        pairs_in: Callable[[np.ndarray, list[lance.LanceFragment]], _Pairs],
     ) -> None:
         """Each group in turn, in scan order (the scan raises a failure when it needs the group)."""
         try:
             hashed = key_hashes(self._keys, self._keys.column_names)
-            wanted = pa.table({_HASH: hashed, _PENDING: np.arange(len(hashed), dtype=np.int64)})
         except BaseException as exc:
             for found in self._found:
                 found.set_exception(exc)
             return
-        key = self._keys.column_names
         for group, found in zip(groups, self._found, strict=True):
             try:
-                pairs = _rows_hashed_like(storage, dataset, group, wanted, key)
-                addresses = pairs.column(ROW_ADDRESS).to_numpy()
-                order = np.argsort(addresses, kind="stable")
-                found.set_result(_Pairs(addresses[order], pairs.column(_PENDING).to_numpy()[order]))
+                found.set_result(pairs_in(hashed, group))
             except BaseException as exc:
                 found.set_exception(exc)
 
@@ -124,6 +136,21 @@ class StoredHashRows(RowsFoundAhead):
             equal = same_keys(batch.select(key).take(pa.array(rows)), self._keys.take(pa.array(pending[read])), key)
             keep[rows[equal]] = False
         return keep
+
+
+def _joined_pairs(
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    primary_key: list[str],
+    hashes: np.ndarray,
+    fragments: list[lance.LanceFragment],
+) -> _Pairs:
+    """The rows of ``fragments`` whose stored hash is one of ``hashes``, each with the position of its hash."""
+    wanted = pa.table({_HASH: hashes, _PENDING: np.arange(len(hashes), dtype=np.int64)})
+    pairs = _rows_hashed_like(storage, dataset, fragments, wanted, primary_key)
+    addresses = pairs.column(ROW_ADDRESS).to_numpy()
+    order = np.argsort(addresses, kind="stable")
+    return _Pairs(addresses[order], pairs.column(_PENDING).to_numpy()[order])
 
 
 def _rows_hashed_like(

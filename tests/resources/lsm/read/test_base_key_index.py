@@ -15,6 +15,8 @@ from resources.lsm.read import base_key_index
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.key_hash_files import key_hash_file, write_missing_key_hashes
 from resources.lsm.read.key_hashes import key_hash
+from resources.lsm.read.stored_hash_rows import StoredHashRows
+from tests.helpers import rows_kept
 
 SCHEMAS = {
     "string": pa.schema([pa.field("id", pa.string(), nullable=False), pa.field("value", pa.int64())]),
@@ -84,16 +86,30 @@ def test_lookups_through_the_key_index_find_each_keys_live_row(tmp_path, kind, m
 def test_a_row_whose_hash_is_the_asked_keys_but_whose_key_is_not_is_never_returned(table, asked):
     """Two keys sharing a hash: the index offers the rows of both, the lookup keeps the one of the key asked."""
     dataset = lance.dataset(table.uri)
-    path = key_hash_file(dataset.get_fragment(0), KEY_INDEX_DIR)
-    stored = table.handle.storage.read_bytes(path)
-    hashes, offsets = np.frombuffer(stored[:4000], "<u8").copy(), np.frombuffer(stored[4000:], "<u4")
-    hashes[offsets == 7] = key_hash([asked])  # k00007 now "hashes" like the key asked: a collision
-    order = np.argsort(hashes, kind="stable")
-    table.handle.storage.write_bytes_atomic(path, hashes[order].tobytes() + offsets[order].tobytes())
-    offered = BaseKeyIndex.of(table.handle.storage, dataset).addresses(np.array([key_hash([asked])], np.uint64))
+    hash_row_7_like(table, asked)
+    offered, _ = BaseKeyIndex.of(table.handle.storage, dataset).pairs(np.array([key_hash([asked])], np.uint64))
     assert 7 in offered.tolist()
     expected = [{"id": asked, "value": 0}] if asked < "k02000" else []
     assert LsmTable.open(table.uri).lookup([asked]).to_pylist() == expected
+
+
+def test_a_scan_searching_the_index_drops_only_the_rows_of_the_keys_it_searched(table):
+    hash_row_7_like(table, "k00009")
+    dataset = lance.dataset(table.uri)
+    index = BaseKeyIndex.of(table.handle.storage, dataset)
+    pending = pa.table({"id": ["k00009", "k01999", "k05000"]})
+    found = StoredHashRows.indexed(index, pending, ["id"], dataset.get_fragments())
+    assert rows_kept(found, dataset) == [f"k{i:05d}" for i in range(2000) if i not in (9, 1999)]
+
+
+def hash_row_7_like(table: LsmTable, key: str) -> None:
+    """Rewrite the first fragment's index as if its row 7 (k00007) hashed like ``key``: a collision."""
+    path = key_hash_file(lance.dataset(table.uri).get_fragment(0), KEY_INDEX_DIR)
+    stored = table.handle.storage.read_bytes(path)
+    hashes, offsets = np.frombuffer(stored[:4000], "<u8").copy(), np.frombuffer(stored[4000:], "<u4")
+    hashes[offsets == 7] = key_hash([key])
+    order = np.argsort(hashes, kind="stable")
+    table.handle.storage.write_bytes_atomic(path, hashes[order].tobytes() + offsets[order].tobytes())
 
 
 def test_a_base_with_a_fragment_lacking_its_index_is_read_through_lances_query(table, monkeypatch):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, strategies as st
 
 from resources.lsm.read import key_hashes, key_sets
-from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask, laid_over
+from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask, laid_over, spans
 
 rng = np.random.default_rng(12)
 NUMBERS = rng.choice(10_000, 600, replace=False)
@@ -71,3 +72,10 @@ def test_a_level_laid_over_another_keeps_the_newest_row_of_every_key(kind):
     assert laid.num_rows == 600
     newest = {tuple(r[c] for c in key): r["v"] for r in laid.to_pylist()}
     assert newest == {tuple(r[c] for c in key): (-1 if n >= 300 else r["v"]) for n, r in enumerate(table.to_pylist())}
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), st.integers(0, 3)), max_size=20))
+def test_spans_lists_each_range_in_order(ranges):
+    first = np.array([f for f, _ in ranges], dtype=np.int64)
+    counts = np.array([c for _, c in ranges], dtype=np.int64)
+    assert spans(first, counts).tolist() == [f + n for f, c in ranges for n in range(c)]

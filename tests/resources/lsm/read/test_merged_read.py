@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from resources.lsm import LsmTable
-from resources.lsm.format.layout import run_dir
+from resources.lsm.format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR, run_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.read.key_hash_files import write_missing_key_hashes
@@ -223,6 +223,18 @@ def counted_joins(monkeypatch) -> list[int]:
     return joins
 
 
+def counted_key_drops(monkeypatch) -> list[int]:
+    """The number of keys each scan from now on drops by key: joined, or searched in the base's key index."""
+    drops = counted_joins(monkeypatch)
+    indexed = merged_read.StoredHashRows.indexed
+    monkeypatch.setattr(
+        merged_read.StoredHashRows,
+        "indexed",
+        lambda index, keys, *args: drops.append(keys.num_rows) or indexed(index, keys, *args),
+    )
+    return drops
+
+
 KEYS_WITHOUT_BITMAP = {
     "wide int64": (pa.int64(), lambda i: i * (1 << 40)),
     "string": (pa.string(), lambda i: f"key-{i:06d}"),
@@ -232,9 +244,11 @@ KEYS_WITHOUT_BITMAP = {
 @pytest.mark.parametrize("key_type", KEYS_WITHOUT_BITMAP, ids=list(KEYS_WITHOUT_BITMAP))
 @pytest.mark.parametrize("vector", [False, True], ids=["flat", "with a vector column"])
 @pytest.mark.parametrize("many", [False, True], ids=["few keys", "many keys"])
-@pytest.mark.parametrize("hashes", [False, True], ids=["keys read", "key hashes stored"])
+@pytest.mark.parametrize(
+    "stored", [(), (KEY_HASHES_DIR,), (KEY_INDEX_DIR,)], ids=["keys read", "key hashes", "key index"]
+)
 def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
-    tmp_path, monkeypatch, key_type, vector, many, hashes
+    tmp_path, monkeypatch, key_type, vector, many, stored
 ):
     arrow_type, key_of = KEYS_WITHOUT_BITMAP[key_type]
     fields = [pa.field("id", arrow_type), pa.field("value", pa.int64())]
@@ -251,14 +265,14 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
 
     # A base of several fragments, so the lookup ahead of the scan works group by group.
     lance.write_dataset(rows(range(20_000), 0), table.uri, mode="append", max_rows_per_file=2500)
-    # Few keys against the base are looked up through the key index, many by scanning the key column.
+    # Few keys against the base are looked up through Lance's or our key index, many by scanning the key column.
     updated, deleted = (range(0, 20_000, 7), range(3, 20_000, 11)) if many else ([7], [19_999])
     table.write(rows(updated, 1))  # pending changes without a run: dropped from the base by key
     table.write(pa.table({"id": pa.array([key_of(i) for i in deleted], arrow_type), "_op": ["delete"] * len(deleted)}))
     table.close()
     drop_pending_runs(table)
-    if hashes:  # as a merge or a run build stores them for a table with a nested column
-        write_missing_key_hashes(table.handle.storage, lance.dataset(table.uri), ["id"])
+    # As a merge or a run build stores them (per-row hashes for a table with a nested column).
+    write_missing_key_hashes(table.handle.storage, lance.dataset(table.uri), ["id"], stored)
     joins = counted_joins(monkeypatch)
     looked_up: list[int] = []
 
@@ -269,11 +283,19 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
 
     monkeypatch.setattr(merged_read, "SupersededRows", Counted)
     hashed: list[int] = []
+    indexed: list[int] = []
 
     class CountedHashes(merged_read.StoredHashRows):
-        def __init__(self, storage, dataset, keys, *args):
-            hashed.append(keys.num_rows)
-            super().__init__(storage, dataset, keys, *args)
+        @classmethod
+        def of(cls, storage, dataset, keys, *args):
+            found = super().of(storage, dataset, keys, *args)
+            hashed.extend([keys.num_rows] if found else [])
+            return found
+
+        @classmethod
+        def indexed(cls, index, keys, *args):
+            indexed.append(keys.num_rows)
+            return super().indexed(index, keys, *args)
 
     monkeypatch.setattr(merged_read, "StoredHashRows", CountedHashes)
 
@@ -284,9 +306,14 @@ def test_pending_keys_without_a_run_are_dropped_from_the_base_once_per_scan(
     assert read.num_rows == len(expected)
     assert read.schema == table.schema  # the not-null key and column types come through
     changed = len({*updated, *deleted})
-    once = ([changed], [], []) if not vector else ([], [], [changed]) if hashes else ([], [changed], [])
-    assert (joins, looked_up, hashed) == once  # once for the whole scan
-    if vector:  # dropped by position: the base rows keep their scan order
+    if KEY_INDEX_DIR in stored and not many:  # searching the index for few keys costs less than any scan
+        once = ([], [], [], [changed])
+    elif not vector:
+        once = ([changed], [], [], [])
+    else:
+        once = ([], [], [changed], []) if KEY_HASHES_DIR in stored else ([], [changed], [], [])
+    assert (joins, looked_up, hashed, indexed) == once  # once for the whole scan
+    if vector or not once[0]:  # dropped by position: the base rows keep their scan order
         gone = {key_of(i) for i in [*updated, *deleted]}
         base_order = [k for k in lance.dataset(table.uri).to_table()["id"].to_pylist() if k not in gone]
         assert read["id"].to_pylist()[: len(base_order)] == base_order
@@ -438,7 +465,7 @@ def test_keys_a_trusted_run_holds_are_not_joined_when_changed_again(tmp_path, mo
     table.close()
     table.write(rows([*range(10, 3000, 40), *range(3001, 3001 + 2 * new_keys, 2)], 3))  # ...and in the WAL tail
     table.write(pa.table({"id": ["k00030", "k00005"], "_op": ["delete", "delete"]}))  # a run's key, a base key
-    joins = counted_joins(monkeypatch)
+    joins = counted_key_drops(monkeypatch)
 
     read = table.read()
 
