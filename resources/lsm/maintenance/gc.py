@@ -59,10 +59,10 @@ Pending runs (``_lsm_runs/<shard>/``)
     fewer generations: it goes once older than ``orphan_grace_seconds``, as
     do temporary files of interrupted writes.
 
-Key hashes of base fragments (``_lsm_key_hashes/``)
-    A fragment's key hashes are named after its first data file. Lance
+Key hashes and key indexes of base fragments (``_lsm_key_hashes/``)
+    A fragment's key files are named after its first data file. Lance
     deletes that file with the last retained version holding the fragment,
-    and the hashes go with it: no version a reader can pin holds the
+    and the key files go with it: no version a reader can pin holds the
     fragment any more. Temporary files of interrupted writes go once older
     than ``orphan_grace_seconds``.
 
