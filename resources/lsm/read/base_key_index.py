@@ -70,31 +70,9 @@ class BaseKeyIndex:
             _BY_DATASET[dataset] = (index, time.monotonic() + _RECHECK_SECONDS)
         return index
 
-    def pairs(self, hashes: np.ndarray, fragment_ids: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The physical rows whose key hash is one of ``hashes``, in ``fragment_ids`` (default: every fragment).
-
-        Their addresses (``uint64``, ascending) and, for each, the position
-        in ``hashes`` of its hash (a row twice when two hashes asked are equal).
-        """
-        order = np.argsort(hashes, kind="stable")  # sorted needles search a fragment 2-7x faster
-        needles = hashes[order]
-        addresses, asked = [np.empty(0, dtype=np.uint64)], [np.empty(0, dtype=np.int64)]
-        for fragment_id, sorted_hashes, offsets in self._fragments:
-            if fragment_ids is not None and fragment_id not in fragment_ids:
-                continue
-            first = np.searchsorted(sorted_hashes, needles)
-            hit = sorted_hashes[np.minimum(first, len(sorted_hashes) - 1)] == needles
-            if not hit.any():
-                continue
-            first = first[hit]
-            # Every row of each hash found: one, but for two keys sharing a hash.
-            counts = np.searchsorted(sorted_hashes, needles[hit], side="right") - first
-            rows = offsets[spans(first, counts)]
-            addresses.append((np.uint64(fragment_id) << np.uint64(32)) | rows.astype(np.uint64))
-            asked.append(np.repeat(order[hit], counts))
-        found, of = np.concatenate(addresses), np.concatenate(asked)
-        ascending = np.argsort(found, kind="stable")
-        return found[ascending], of[ascending]
+    def search(self, hashes: np.ndarray) -> HashSearch:
+        """A search for ``hashes`` in this version's fragments (sorted once, then asked per group of fragments)."""
+        return HashSearch(self._fragments, hashes)
 
     def searched_faster_than_scanned(self, keys: int) -> bool:
         """Whether searching ``keys`` hashes costs less than scanning (and joining) every base row.
@@ -107,9 +85,43 @@ class BaseKeyIndex:
 
     def rows(self, dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str] | None) -> pa.Table:
         """The live base rows of ``keys`` in ``dataset`` (``columns``, default all, must hold the key)."""
-        addresses, _ = self.pairs(_hashes(keys, key))
+        addresses, _ = self.search(_hashes(keys, key)).pairs()
         taken = dataset._take_rows(pa.array(addresses), columns=columns)
         return taken.filter(key_mask(taken, keys, key)) if taken.num_rows else taken
+
+
+class HashSearch:
+    """Key hashes sorted once and searched for in fragment after fragment (sorted needles search a fragment
+    2-7x faster: fewer pages, warmer caches)."""
+
+    def __init__(self, fragments: list[_FragmentIndex], hashes: np.ndarray) -> None:
+        self._fragments = fragments
+        self._order = np.argsort(hashes, kind="stable")
+        self._needles = hashes[self._order]
+
+    def pairs(self, fragment_ids: Collection[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The physical rows whose key hash is one searched for, in ``fragment_ids`` (default: every fragment).
+
+        Their addresses (``uint64``, ascending) and, for each, the position
+        among the hashes searched of its hash (a row twice when two of them are equal).
+        """
+        addresses, asked = [np.empty(0, dtype=np.uint64)], [np.empty(0, dtype=np.int64)]
+        for fragment_id, sorted_hashes, offsets in self._fragments:
+            if fragment_ids is not None and fragment_id not in fragment_ids:
+                continue
+            first = np.searchsorted(sorted_hashes, self._needles)
+            hit = sorted_hashes[np.minimum(first, len(sorted_hashes) - 1)] == self._needles
+            if not hit.any():
+                continue
+            first = first[hit]
+            # Every row of each hash found: one, but for two keys sharing a hash.
+            counts = np.searchsorted(sorted_hashes, self._needles[hit], side="right") - first
+            rows = offsets[spans(first, counts)]
+            addresses.append((np.uint64(fragment_id) << np.uint64(32)) | rows.astype(np.uint64))
+            asked.append(np.repeat(self._order[hit], counts))
+        found, of = np.concatenate(addresses), np.concatenate(asked)
+        ascending = np.argsort(found, kind="stable")
+        return found[ascending], of[ascending]
 
 
 def _hashes(keys: pa.Table, key: list[str]) -> np.ndarray:

@@ -45,6 +45,10 @@ class _Pairs:
     pending_rows: np.ndarray
 
 
+_Finder = Callable[[np.ndarray], Callable[[list[lance.LanceFragment]], _Pairs]]
+"""Given the keys' hashes, once: what pairs a group of fragments' rows with the keys of the same hash."""
+
+
 class StoredHashRows(RowsFoundAhead):
     """The base rows of ``fragments`` whose key is one of ``keys``, for a scan that drops them.
 
@@ -71,7 +75,7 @@ class StoredHashRows(RowsFoundAhead):
         stored = stored_key_hash_files(storage)
         if not fragments or any(key_hash_file(fragment) not in stored for fragment in fragments):
             return None
-        return cls(keys, primary_key, fragments, partial(_joined_pairs, storage, dataset, primary_key))
+        return cls(keys, primary_key, fragments, partial(_HashJoin, storage, dataset, primary_key))
 
     @classmethod
     def indexed(
@@ -79,40 +83,38 @@ class StoredHashRows(RowsFoundAhead):
     ) -> StoredHashRows:
         """The rows of ``keys`` in ``fragments``, found through ``index`` (the key index of their base version)."""
 
-        def pairs_in(hashes: np.ndarray, group: list[lance.LanceFragment]) -> _Pairs:
-            return _Pairs(*index.pairs(hashes, {fragment.fragment_id for fragment in group}))
+        def searched(hashes: np.ndarray) -> Callable[[list[lance.LanceFragment]], _Pairs]:
+            search = index.search(hashes)
+            return lambda group: _Pairs(*search.pairs({fragment.fragment_id for fragment in group}))
 
-        return cls(keys, primary_key, fragments, pairs_in)
+        return cls(keys, primary_key, fragments, searched)
 
     def __init__(
         self,
         keys: pa.Table,
         primary_key: list[str],
         fragments: list[lance.LanceFragment],
-        pairs_in: Callable[[np.ndarray, list[lance.LanceFragment]], _Pairs],
+        finder: _Finder,
     ) -> None:
-        """``pairs_in(hashes, group)`` pairs the rows of a group of ``fragments`` with the ``keys`` of the same hash."""
+        """``finder(hashes)`` prepares, once, what pairs the rows of each group of ``fragments`` with the
+        ``keys`` of the same hash (``hashes`` are the keys')."""
         groups = consecutive_groups(fragments, _GROUPS)
         super().__init__(groups)
         self._keys = keys.select(primary_key).combine_chunks()
         self._found: list[Future[_Pairs]] = [Future() for _ in groups]
-        level_readers().submit(self._look_up, groups, pairs_in)
+        level_readers().submit(self._look_up, groups, finder)
 
-    def _look_up(
-        self,
-        groups: list[list[lance.LanceFragment]],
-        pairs_in: Callable[[np.ndarray, list[lance.LanceFragment]], _Pairs],
-    ) -> None:
+    def _look_up(self, groups: list[list[lance.LanceFragment]], finder: _Finder) -> None:
         """Each group in turn, in scan order (the scan raises a failure when it needs the group)."""
         try:
-            hashed = key_hashes(self._keys, self._keys.column_names)
+            pairs_in = finder(key_hashes(self._keys, self._keys.column_names))
         except BaseException as exc:
             for found in self._found:
                 found.set_exception(exc)
             return
         for group, found in zip(groups, self._found, strict=True):
             try:
-                found.set_result(pairs_in(hashed, group))
+                found.set_result(pairs_in(group))
             except BaseException as exc:
                 found.set_exception(exc)
 
@@ -138,19 +140,20 @@ class StoredHashRows(RowsFoundAhead):
         return keep
 
 
-def _joined_pairs(
-    storage: TableStorage,
-    dataset: lance.LanceDataset,
-    primary_key: list[str],
-    hashes: np.ndarray,
-    fragments: list[lance.LanceFragment],
-) -> _Pairs:
-    """The rows of ``fragments`` whose stored hash is one of ``hashes``, each with the position of its hash."""
-    wanted = pa.table({_HASH: hashes, _PENDING: np.arange(len(hashes), dtype=np.int64)})
-    pairs = _rows_hashed_like(storage, dataset, fragments, wanted, primary_key)
-    addresses = pairs.column(ROW_ADDRESS).to_numpy()
-    order = np.argsort(addresses, kind="stable")
-    return _Pairs(addresses[order], pairs.column(_PENDING).to_numpy()[order])
+class _HashJoin:
+    """The rows of fragments whose stored hash is one of ``hashes``, each with the position of its hash."""
+
+    def __init__(
+        self, storage: TableStorage, dataset: lance.LanceDataset, primary_key: list[str], hashes: np.ndarray
+    ) -> None:
+        self._storage, self._dataset, self._primary_key = storage, dataset, primary_key
+        self._wanted = pa.table({_HASH: hashes, _PENDING: np.arange(len(hashes), dtype=np.int64)})
+
+    def __call__(self, fragments: list[lance.LanceFragment]) -> _Pairs:
+        pairs = _rows_hashed_like(self._storage, self._dataset, fragments, self._wanted, self._primary_key)
+        addresses = pairs.column(ROW_ADDRESS).to_numpy()
+        order = np.argsort(addresses, kind="stable")
+        return _Pairs(addresses[order], pairs.column(_PENDING).to_numpy()[order])
 
 
 def _rows_hashed_like(

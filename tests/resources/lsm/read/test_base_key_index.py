@@ -87,7 +87,7 @@ def test_a_row_whose_hash_is_the_asked_keys_but_whose_key_is_not_is_never_return
     """Two keys sharing a hash: the index offers the rows of both, the lookup keeps the one of the key asked."""
     dataset = lance.dataset(table.uri)
     hash_row_7_like(table, asked)
-    offered, _ = BaseKeyIndex.of(table.handle.storage, dataset).pairs(np.array([key_hash([asked])], np.uint64))
+    offered, _ = BaseKeyIndex.of(table.handle.storage, dataset).search(np.array([key_hash([asked])], np.uint64)).pairs()
     assert 7 in offered.tolist()
     expected = [{"id": asked, "value": 0}] if asked < "k02000" else []
     assert LsmTable.open(table.uri).lookup([asked]).to_pylist() == expected
