@@ -42,6 +42,12 @@ _RECHECK_SECONDS = 5.0
 """How long a base version found without a complete index is read through Lance's query before looking again
 (the index of a table that had none is written by the next build of pending runs, without a new version)."""
 
+_ROWS_SCANNED_PER_ROW_TAKEN = 256
+"""Base rows whose key columns a scan reads and joins in the time a take by address spends on one row.
+
+pylance 14.0.2, 64Mi rows in 64 fragments, 2 cores: taking 100k rows' keys costs 0.2-0.8 s, the search
+0.5 s; a scan and join of the key columns 1.1 s of CPU for int64 keys (the cheapest), 3.7 s for strings."""
+
 # A fragment's index: its id, its sorted hashes and each one's row offset (both memory-mapped).
 _FragmentIndex = tuple[int, np.ndarray, np.ndarray]
 
@@ -82,6 +88,14 @@ class BaseKeyIndex:
         (64Mi string keys: ~3 s of CPU); half of that leaves a margin.
         """
         return keys * len(self._fragments) < self._rows // 2
+
+    def taken_faster_than_scanned(self, keys: int) -> bool:
+        """Whether finding the rows of ``keys`` (a search, then a take by address) costs less than a key scan.
+
+        A take costs about what a scan of ``_ROWS_SCANNED_PER_ROW_TAKEN`` rows'
+        keys does, so the search bound applies too.
+        """
+        return keys * _ROWS_SCANNED_PER_ROW_TAKEN < self._rows and self.searched_faster_than_scanned(keys)
 
     def rows(self, dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str] | None) -> pa.Table:
         """The live base rows of ``keys`` in ``dataset`` (``columns``, default all, must hold the key)."""

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..format.schema import ROW_ADDRESS
+from .base_key_index import BaseKeyIndex
 from .filter_text import keys_filter
 from .key_sets import key_join, rows_of_keys, semi_join_stream
 from .key_spread import key_spread
@@ -122,18 +123,21 @@ def fragment_ids(dataset: lance.LanceDataset) -> set[int]:
     return {fragment.fragment_id for fragment in dataset.get_fragments()}
 
 
-def base_row_addresses(dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str]) -> pa.Array:
+def base_row_addresses(
+    dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str], index: BaseKeyIndex | None = None
+) -> pa.Array:
     """The address of each key's base row, aligned with ``keys``; null where the base lacks the key.
 
-    The base holds each key at most once. Few keys against a large base are
-    found with one ``IN`` query, which a key column's BTREE serves
-    (the cost follows the number of keys); otherwise the base's key columns
-    are scanned, which is cheaper per key, through one streaming join
-    (memory holds the keys and what they find, not the base's key column).
+    The base holds each key at most once. Keys few enough are found through
+    ``index``, ``dataset``'s key index, if given (the cost follows the keys),
+    or else with one ``IN`` query a key column's BTREE serves; otherwise the
+    base's key columns are scanned, which is cheaper per key, through one
+    streaming join (memory holds the keys and what they find, not the base's
+    key column).
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
-    return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key), primary_key, ROW_ADDRESS)
+    return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key, index=index), primary_key, ROW_ADDRESS)
 
 
 class RowsFoundAhead:
@@ -222,7 +226,11 @@ def consecutive_groups(fragments: list[lance.LanceFragment], count: int) -> list
 
 
 def count_base_rows(
-    dataset: lance.LanceDataset, keys: pa.Table, primary_key: list[str], besides: DeletionVector
+    dataset: lance.LanceDataset,
+    keys: pa.Table,
+    primary_key: list[str],
+    besides: DeletionVector,
+    index: BaseKeyIndex | None = None,
 ) -> int:
     """How many base rows hold one of ``keys`` and are not in ``besides``.
 
@@ -232,7 +240,7 @@ def count_base_rows(
     """
     if not keys.num_rows:
         return 0
-    addresses = _base_rows_of(dataset, keys, primary_key).column(ROW_ADDRESS).to_numpy()
+    addresses = _base_rows_of(dataset, keys, primary_key, index=index).column(ROW_ADDRESS).to_numpy()
     return int(besides.keep_mask(addresses).sum())
 
 
@@ -241,11 +249,18 @@ def _base_rows_of(
     keys: pa.Table,
     primary_key: list[str],
     fragments: list[lance.LanceFragment] | None = None,
+    index: BaseKeyIndex | None = None,
 ) -> pa.Table:
-    """The key columns and row address of every base row holding one of ``keys`` (through the index when few).
+    """The key columns and row address of every base row holding one of ``keys`` (through an index when few).
 
-    ``fragments`` limits the search to those fragments of ``dataset``.
+    ``fragments`` limits the search to those fragments of ``dataset``;
+    ``index``, the key index of all of them, serves when searching it and
+    taking the rows found costs less than a scan (64Mi rows, 100k string
+    keys: 1.7 s of CPU against 3.7 s for the scan and join; 5,000 keys:
+    0.25 s against 2.5 s for the ``IN`` query).
     """
+    if index is not None and fragments is None and index.taken_faster_than_scanned(keys.num_rows):
+        return index.rows(dataset, keys, primary_key, [*primary_key, ROW_ADDRESS])
     rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
     indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
     where = keys_filter(keys, primary_key, key_spread(dataset, primary_key)) if indexed else None

@@ -307,7 +307,9 @@ def count(snapshot: ReadSnapshot) -> int:
     key = list(snapshot.primary_key)
     levels = resolve_levels(snapshot, key)
     vector = levels.superseded
-    superseded = len(vector.addresses) + count_base_rows(snapshot.dataset, levels.joined_keys, key, besides=vector)
+    index = BaseKeyIndex.of(snapshot.storage, snapshot.dataset)
+    found = count_base_rows(snapshot.dataset, levels.joined_keys, key, besides=vector, index=index)
+    superseded = len(vector.addresses) + found
     live: int = live_rows(levels.changes).num_rows
     return int(snapshot.dataset.count_rows()) - superseded + live
 

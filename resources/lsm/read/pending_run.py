@@ -57,6 +57,7 @@ from ..format.schema import conform, empty_tail
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
+from .base_key_index import BaseKeyIndex
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
 from .key_sets import KeyIndex, key_mask
@@ -180,8 +181,8 @@ def build_runs(
     pool's) and resolved to one change per key; the earlier run's rows they
     supersede are dropped, and only keys it did not hold are looked up in the
     base. A key lives in one shard, so all shards go through each step
-    together, with one probe of the base (a BTREE ``IN`` query or a scan of
-    the key columns, whichever costs less for their number:
+    together, with one probe of the base (a search of its key index, a BTREE
+    ``IN`` query or a scan of the key columns, whichever costs less for their number:
     :func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
     """
     if not shards:
@@ -204,7 +205,8 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    base_rows = _fill_base_rows(dataset, resolved.select(primary_key), known, primary_key)
+    key_index = BaseKeyIndex.of(storage, dataset)
+    base_rows = _fill_base_rows(dataset, resolved.select(primary_key), known, primary_key, key_index)
     runs = []
     shard_of_row = resolved.column(_SHARD).to_numpy()
     for index, shard in enumerate(shards):
@@ -236,12 +238,14 @@ def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns
     return pa.concat_tables(parts)
 
 
-def _fill_base_rows(dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, primary_key: list[str]) -> pa.Array:
+def _fill_base_rows(
+    dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, primary_key: list[str], index: BaseKeyIndex | None
+) -> pa.Array:
     """``known``, with the base rows of the keys it lacks looked up in the base (``NOT_IN_BASE``: absent)."""
     missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
     if not len(missing):
         return known
-    found = base_row_addresses(dataset, keys.take(missing), primary_key)
+    found = base_row_addresses(dataset, keys.take(missing), primary_key, index)
     values = known.fill_null(0).to_numpy().copy()
     values[missing] = found.fill_null(NOT_IN_BASE).to_numpy()
     return pa.array(values, pa.uint64())

@@ -13,6 +13,7 @@ from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR
 from resources.lsm.read import base_key_index
 from resources.lsm.read.base_key_index import BaseKeyIndex
+from resources.lsm.read.deletion_vector import base_row_addresses
 from resources.lsm.read.key_hash_files import key_hash_file, write_missing_key_hashes
 from resources.lsm.read.key_hashes import key_hash
 from resources.lsm.read.stored_hash_rows import StoredHashRows
@@ -80,6 +81,27 @@ def test_lookups_through_the_key_index_find_each_keys_live_row(tmp_path, kind, m
     assert {tuple(r[k] for k in KEYS[kind]): r["value"] for r in found.to_pylist()} == expected
     assert used == [1]
     assert table.lookup([dict(zip(KEYS[kind], key_of(kind, 5000), strict=True))]).num_rows == 0
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_runs_and_counts_find_each_keys_live_base_row_through_the_key_index(tmp_path, kind, monkeypatch):
+    """The rows Lance's scan finds: not the rows a merge deleted since their index was written, nor absent keys."""
+    table = make_table(str(tmp_path / "t.lance"), kind)
+    table.write(rows(kind, range(0, 2000, 4), 1))
+    table.close()
+    table.compact()  # the updated rows move to new fragments; their old rows stay in the old indexes
+    dataset = lance.dataset(table.uri)
+    keys = rows(kind, [0, 1, 402, 1203, 1999, 5000, 5001], 0).select(KEYS[kind])  # few: taken by address
+    index = BaseKeyIndex.of(table.handle.storage, dataset)
+    used = index_used(monkeypatch)
+
+    through_index = base_row_addresses(dataset, keys, KEYS[kind], index)
+    assert used == [1]
+    assert through_index.to_pylist() == base_row_addresses(dataset, keys, KEYS[kind]).to_pylist()
+    assert through_index.null_count == 2
+    table.write(keys.append_column("_op", pa.array(["delete"] * keys.num_rows)))
+    assert LsmTable.open(table.uri).count() == 2000 - (keys.num_rows - 2)
+    assert used == [1, 1]
 
 
 @pytest.mark.parametrize("asked", ["k00009", "k99999"])

@@ -258,9 +258,9 @@ def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, m
     looked_up: list[int] = []
     probe = pending_run.base_row_addresses
 
-    def counting(dataset, keys, primary_key):
+    def counting(dataset, keys, primary_key, index):
         looked_up.extend(keys["id"].to_pylist())
-        return probe(dataset, keys, primary_key)
+        return probe(dataset, keys, primary_key, index)
 
     monkeypatch.setattr(pending_run, "base_row_addresses", counting)
     keys = sorted(in_runs)[:300] + list(range(900_000, 900_050))  # keys the runs hold (in the base or not), new ones
