@@ -124,6 +124,18 @@ def test_a_scan_searching_the_index_drops_only_the_rows_of_the_keys_it_searched(
     assert rows_kept(found, dataset) == [f"k{i:05d}" for i in range(2000) if i not in (9, 1999)]
 
 
+def test_many_hashes_searched_through_presence_filters_find_the_rows_a_plain_search_finds(table, monkeypatch):
+    """Every row of each hash (two for a hash two keys share), none for hashes no fragment holds."""
+    hash_row_7_like(table, "k00009")
+    searched = np.array([key_hash([f"k{i:05d}"]) for i in range(0, 4000, 3)], np.uint64)
+    index = BaseKeyIndex.of(table.handle.storage, lance.dataset(table.uri))
+    plain = index.search(searched).pairs()
+    monkeypatch.setattr(base_key_index, "_FILTERED_SEARCH_HASHES", 1)
+    filtered = index.search(searched).pairs()
+    assert [a.tolist() for a in filtered] == [a.tolist() for a in plain]
+    assert len(plain[0]) == len(range(0, 2000, 3)) + 1  # and row 7, whose hash is k00009's
+
+
 def hash_row_7_like(table: LsmTable, key: str) -> None:
     """Rewrite the first fragment's index as if its row 7 (k00007) hashed like ``key``: a collision."""
     path = key_hash_file(lance.dataset(table.uri).get_fragment(0), KEY_INDEX_DIR)
