@@ -149,10 +149,23 @@ def seconds(work: Callable[[], object]) -> float:
 
 
 def paired(first: Callable[[], object], second: Callable[[], object], repeat: int) -> tuple[float, float]:
-    """Medians of ``first`` and ``second`` run alternately (after one warm-up each), so both see the same load."""
+    """Medians of ``first`` and ``second`` run alternately (after one warm-up each), so both see the same load.
+
+    Which side goes first alternates too: a load that eases or grows (a
+    writer just started) would otherwise always fall heavier on one side.
+    """
     first(), second()
-    pairs = [(seconds(first), seconds(second)) for _ in range(repeat)]
+    pairs = [_timed_pair(first, second, leading=i % 2 == 0) for i in range(repeat)]
     return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
+def _timed_pair(first: Callable[[], object], second: Callable[[], object], leading: bool) -> tuple[float, float]:
+    """One timing of each, ``first`` timed first if ``leading``."""
+    if leading:
+        took = seconds(first)
+        return took, seconds(second)
+    other = seconds(second)
+    return seconds(first), other
 
 
 def drain(reader: pa.RecordBatchReader | Iterator[pa.RecordBatch]) -> int:
