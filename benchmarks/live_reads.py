@@ -23,8 +23,8 @@ alternating pairs):
 3. While a writer process streams ``--live-rows-per-s`` changes (shard
    writers held open, generations cut by full MemTables, a
    ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
-   merged scan, ``count()`` and lookups against the base, and the runs' delay behind
-   the generations; then the writer's throughput with and without the
+   merged scan, ``count()`` and lookups against the base, the runs' longest delay behind
+   the generations and the keeper's mean round; then the writer's throughput with and without the
    keeper, in alternating runs of ``--writer-batches`` puts as fast as it
    can.
 
@@ -165,7 +165,13 @@ def write_live(
     table.close()
     result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written}
     if isinstance(keeper, PendingRunKeeper):
-        result |= {"runs_built": keeper.stats.runs_built, "max_run_delay_s": keeper.stats.max_delay_seconds}
+        stats = keeper.stats
+        result |= {
+            "runs_built": stats.runs_built,
+            "max_run_delay_s": stats.max_delay_seconds,
+            "rounds": stats.rounds,
+            "seconds_per_round": stats.busy_seconds / max(1, stats.rounds),
+        }
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
 
@@ -220,14 +226,18 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {kind} | live | writer busy | {_read_cells(found['live']['reads'])} |")
     lines += [
         "",
-        "| key | building runs, s per generation (16 pending) | writer with keeper / without | run delay while live |",
-        "| --- | ---: | ---: | ---: |",
+        "| key | building runs, s per generation (16 pending) | writer with keeper / without "
+        "| run delay while live (max) | keeper round while live |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
         build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
         live = found["live"]
-        delay = live["keeper_while_reading"].get("max_run_delay_s", 0.0)
-        lines.append(f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s |")
+        keeper = live["keeper_while_reading"]
+        delay, round_s = keeper.get("max_run_delay_s", 0.0), keeper.get("seconds_per_round", 0.0)
+        lines.append(
+            f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {round_s:.2f} s |"
+        )
     return "\n".join(lines) + "\n"
 
 
