@@ -85,7 +85,7 @@ class _FragmentIndex:
         sought = needles if candidates is None else needles[candidates]
         first = np.searchsorted(self.hashes, sought)
         hit = self.hashes[np.minimum(first, len(self.hashes) - 1)] == sought
-        if not hit.any():  # the usual answer for a point lookup: a fragment holds its key or not
+        if not hit.any():  # the fragment holds none of them
             return _NOTHING, _NOTHING
         first, found = first[hit], np.flatnonzero(hit) if candidates is None else candidates[hit]
         # Every row of each hash found: one, but for two keys sharing a hash.

@@ -307,7 +307,8 @@ def count(snapshot: ReadSnapshot) -> int:
     key = list(snapshot.primary_key)
     levels = resolve_levels(snapshot, key)
     vector = levels.superseded
-    index = BaseKeyIndex.of(snapshot.storage, snapshot.dataset)
+    joined = levels.joined_keys.num_rows
+    index = BaseKeyIndex.of(snapshot.storage, snapshot.dataset) if joined else None
     found = count_base_rows(snapshot.dataset, levels.joined_keys, key, besides=vector, index=index)
     superseded = len(vector.addresses) + found
     live: int = live_rows(levels.changes).num_rows

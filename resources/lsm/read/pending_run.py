@@ -205,8 +205,7 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    key_index = BaseKeyIndex.of(storage, dataset)
-    base_rows = _fill_base_rows(dataset, resolved.select(primary_key), known, primary_key, key_index)
+    base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
     shard_of_row = resolved.column(_SHARD).to_numpy()
     for index, shard in enumerate(shards):
@@ -239,12 +238,13 @@ def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns
 
 
 def _fill_base_rows(
-    dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, primary_key: list[str], index: BaseKeyIndex | None
+    storage: TableStorage, dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, primary_key: list[str]
 ) -> pa.Array:
     """``known``, with the base rows of the keys it lacks looked up in the base (``NOT_IN_BASE``: absent)."""
     missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
     if not len(missing):
         return known
+    index = BaseKeyIndex.of(storage, dataset)  # only when a key is looked up: opening it lists and maps files
     found = base_row_addresses(dataset, keys.take(missing), primary_key, index)
     values = known.fill_null(0).to_numpy().copy()
     values[missing] = found.fill_null(NOT_IN_BASE).to_numpy()
