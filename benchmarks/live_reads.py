@@ -20,11 +20,13 @@ alternating pairs):
    ``--probes`` each, alternating pairs, each probe a key of its own).
 2. The same once ``build_pending_runs()`` ran, and what building took (wall
    seconds per generation, on a machine doing nothing else).
-3. While a writer process streams ``--live-rows-per-s`` changes (shard
-   writers held open, generations cut by full MemTables, a
+3. While a writer process streams ``--live-rows-per-s`` changes of keys
+   drawn anew (shard writers held open, generations cut by full MemTables, a
    ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
-   merged scan, ``count()`` and lookups against the base, the runs' longest delay behind
-   the generations and the keeper's mean round; then the writer's throughput with and without the
+   merged scan, ``count()`` and lookups (``--live-probes``) against the base,
+   twice (from 10 s after the writer started, then right after: the pending
+   changes keep growing), the runs' longest delay behind the generations and
+   the keeper's mean round; then the writer's throughput with and without the
    keeper, in alternating runs of ``--writer-batches`` puts as fast as it
    can.
 
@@ -144,7 +146,10 @@ def write_live(
 ) -> None:
     """A writer process: puts of ``size`` rows through writers held open, ``batches`` of them or until ``stop``.
 
-    ``rate`` caps the rows written per second (a steady stream), ``None`` writes as fast as it can.
+    ``rate`` caps the rows written per second: a steady stream, each put of
+    keys drawn anew (most never written before, as in a change stream over a
+    large table). ``None`` writes as fast as it can, cycling through 40 puts
+    made ahead, so that only writing is timed.
 
     With ``keep_runs`` a :class:`PendingRunKeeper` builds the runs of the
     generations the writers cut. Writes its rows/s (and the keeper's work) to
@@ -152,12 +157,13 @@ def write_live(
     """
     table = LsmTable.open(uri)
     rng = np.random.default_rng(7)
-    puts = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(min(batches, 40))]
+    made_ahead = min(batches, 40) if rate is None else 0
+    ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
     written = 0
     with PendingRunKeeper(table.handle) if keep_runs else nullcontext() as keeper:
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
-            table.write(puts[written % len(puts)])
+            table.write(ahead[written % len(ahead)] if ahead else rows_for(kind, rng.integers(0, rows, size), rng))
             written += 1
             if rate is not None:
                 time.sleep(max(0.0, started + written * size / rate - time.perf_counter()))
@@ -183,8 +189,12 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
+    started = time.monotonic()
     time.sleep(10)  # the writer claimed its shards and cut generations
-    live = reads(uri, kind, repeat, args.probes)
+    live = []
+    for _ in range(2):  # its first minutes, then once changes kept piling up (no merge runs)
+        writing_for = time.monotonic() - started
+        live.append(reads(uri, kind, repeat, args.live_probes) | {"writer_seconds": writing_for})
     stop.set()
     writer.join()
     keeper = json.loads(Path(uri, "writer-1.json").read_text())
@@ -197,7 +207,8 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
             throughput[keep].append(json.loads(Path(uri, f"writer-{int(keep)}.json").read_text())["rows_per_s"])
     with_keeper, without = statistics.median(throughput[True]), statistics.median(throughput[False])
     return {
-        "reads": live,
+        "reads": live[0],
+        "reads_later": live[1],
         "keeper_while_reading": keeper,
         "writer_rows_per_s_with_keeper": with_keeper,
         "writer_rows_per_s_without_keeper": without,
@@ -223,7 +234,9 @@ def render(results: dict[str, Any]) -> str:
             for name in ("no_runs", "runs"):
                 r = state[name]
                 lines.append(f"| {kind} | {pending} | {name.replace('_', ' ')} | {_read_cells(r)} |")
-        lines.append(f"| {kind} | live | writer busy | {_read_cells(found['live']['reads'])} |")
+        for name in ("reads", "reads_later"):
+            r = found["live"][name]
+            lines.append(f"| {kind} | live | writer busy {r['writer_seconds']:.0f} s | {_read_cells(r)} |")
     lines += [
         "",
         "| key | building runs, s per generation (16 pending) | writer with keeper / without "
@@ -255,6 +268,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
     parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
+    parser.add_argument("--live-probes", type=int, default=300, help="fresh lookups per side beside the writer")
     parser.add_argument("--writer-batches", type=int, default=20, help="puts of a generation's rows per throughput run")
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
