@@ -55,6 +55,12 @@ _FILTERED_SEARCH_HASHES = 65_536
 64Mi rows in 64 fragments: building every filter takes 0.5-0.8 s (and holds 64 MiB), about what
 searching 100k hashes without them costs; searching 500k hashes takes 1.8 s without, 0.6 s with."""
 
+_SEARCHED_KEY_NS = 550
+"""What a scan's search spends on each key besides the fragments' indexes (hashing, sorting, pairing, comparing)."""
+
+_CACHED_JOIN_KEYS = 65_536
+"""Keys up to which a join's hash table of them stays in the CPU's caches (a base row then joins in ~10 ns, not 45)."""
+
 _SCALAR_SEARCH_HASHES = 4
 """Hashes searched for one at a time, up to this many (a point lookup's): 64 fragments, one hash, 0.1 ms
 against 0.46 ms for the array operations."""
@@ -145,11 +151,18 @@ class BaseKeyIndex:
 
         A search costs 50-70 ns per key and fragment, or about 20 through
         the presence filters many keys are first tested against (64Mi rows
-        in 64 fragments, 500k keys: 1.8 s, or 0.6 s), a join about 45 ns per
-        base row (64Mi string keys: ~3 s of CPU). A scan of that table with
-        800k pending keys: 7.5-9.6 s of CPU searching, 9.7-11.3 s joining.
+        in 64 fragments, 500k keys: 1.8 s, or 0.6 s), plus about 550 ns per
+        key to hash, sort, pair and compare it (a 300k-row table in one
+        fragment: 48k string keys cost a scan 26 ms searched, 8 ms joined).
+        A join costs about 45 ns per base row (64Mi string keys: ~3 s of
+        CPU), 10 while the keys' hash table fits the CPU's caches. A scan of
+        64Mi rows with 800k pending keys: 7.5-9.6 s of CPU searching,
+        9.7-11.3 s joining.
         """
-        return keys * len(self._fragments) < self._rows
+        filtered = keys >= _FILTERED_SEARCH_HASHES
+        searched_ns = keys * (_SEARCHED_KEY_NS + len(self._fragments) * (20 if filtered else 60))
+        joined_ns = self._rows * (10 if keys < _CACHED_JOIN_KEYS else 45)
+        return searched_ns < joined_ns
 
     def taken_faster_than_scanned(self, keys: int) -> bool:
         """Whether finding the rows of ``keys`` (a search, then a take by address) costs less than a key scan.

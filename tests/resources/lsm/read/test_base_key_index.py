@@ -207,3 +207,23 @@ def test_gc_deletes_the_index_of_fragments_no_retained_version_holds(table):
     assert left == {key_hash_file(f, KEY_INDEX_DIR) for f in dataset.get_fragments()}
     assert reclaimed.key_hashes.count >= 4
     assert LsmTable.open(table.uri).lookup(["k00000", "k00001"])["value"].to_pylist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    ("fragments", "rows_each", "keys", "searched"),
+    [
+        (1, 300_000, 1_000, True),  # a small table, a generation's keys: the search costs less than a join
+        (1, 300_000, 12_000, False),  # four generations' keys: Arrow's join of 300k rows costs less
+        (64, 1 << 20, 200_000, True),  # 64Mi rows: the join probes every row through a table outgrowing the caches
+        (64, 1 << 20, 800_000, True),
+        (64, 1 << 20, 4_000_000, False),
+    ],
+)
+def test_a_scan_searches_the_index_only_where_its_cost_per_key_stays_below_a_join_of_every_row(
+    fragments, rows_each, keys, searched
+):
+    empty = np.zeros(0, np.uint64)
+    index = BaseKeyIndex(
+        [base_key_index._FragmentIndex(i, np.zeros(rows_each, np.uint64), empty) for i in range(fragments)]
+    )
+    assert index.searched_faster_than_scanned(keys) is searched
