@@ -55,9 +55,6 @@ _FILTERED_SEARCH_HASHES = 65_536
 64Mi rows in 64 fragments: building every filter takes 0.5-0.8 s (and holds 64 MiB), about what
 searching 100k hashes without them costs; searching 500k hashes takes 1.8 s without, 0.6 s with."""
 
-_SEARCHED_KEY_NS = 550
-"""What a scan's search spends on each key besides the fragments' indexes (hashing, sorting, pairing, comparing)."""
-
 _CACHED_JOIN_KEYS = 65_536
 """Keys up to which a join's hash table of them stays in the CPU's caches (a base row then joins in ~10 ns, not 45)."""
 
@@ -160,7 +157,7 @@ class BaseKeyIndex:
         9.7-11.3 s joining.
         """
         filtered = keys >= _FILTERED_SEARCH_HASHES
-        searched_ns = keys * (_SEARCHED_KEY_NS + len(self._fragments) * (20 if filtered else 60))
+        searched_ns = keys * (550 + len(self._fragments) * (20 if filtered else 60))  # the figures above
         joined_ns = self._rows * (10 if keys < _CACHED_JOIN_KEYS else 45)
         return searched_ns < joined_ns
 
