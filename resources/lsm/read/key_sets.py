@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -121,12 +122,15 @@ class KeyIndex:
         """About what an index of ``table`` holds in memory: its keys, a sorted word and a row per key."""
         return int(table.select(key).nbytes + 16 * table.num_rows)
 
-    def rows(self, keys: pa.Table) -> np.ndarray:
-        """The rows holding ``keys`` (of the indexed table's key types): each once, ascending; absent keys left out."""
+    def rows(self, keys: pa.Table, few: FewKeys | None = None) -> np.ndarray:
+        """The rows holding ``keys`` (of the indexed table's key types): each once, ascending; absent keys left out.
+
+        ``few``: the same keys as :class:`FewKeys`, for a caller asking many indexes for them.
+        """
         if self._by_value:
             return np.unique(self._order[self._matches(keys.column(self._key[0]).to_numpy())])
         if keys.num_rows < NUMPY_HASHED_KEYS:
-            return self._rows_of_few(keys)
+            return self._rows_of_few(few if few is not None else FewKeys(keys, self._key))
         hashes = key_hashes(keys, self._key)
         first = np.searchsorted(self._sorted, hashes)
         counts = np.searchsorted(self._sorted, hashes, side="right") - first
@@ -143,13 +147,10 @@ class KeyIndex:
         found: np.ndarray = at[held]
         return found
 
-    def _rows_of_few(self, keys: pa.Table) -> np.ndarray:
+    def _rows_of_few(self, few: FewKeys) -> np.ndarray:
         """:meth:`rows` of a few keys, hashed and compared as Python values (numpy's cost per call would dominate)."""
         found = []
-        for asked in zip(*(keys.column(c).to_pylist() for c in self._key), strict=True):
-            if None in asked:
-                continue  # a null is no key
-            hashed = np.uint64(key_hash(asked))
+        for asked, hashed in zip(few.values, few.hashes, strict=True):
             at = int(np.searchsorted(self._sorted, hashed))
             while at < len(self._sorted) and self._sorted[at] == hashed:
                 row = int(self._order[at])
@@ -161,6 +162,27 @@ class KeyIndex:
     def _same_keys(self, asked: pa.Table, held: np.ndarray) -> np.ndarray:
         """Whether each row of ``asked`` holds the same key as the indexed row paired with it in ``held``."""
         return same_keys(asked, self._keys.take(pa.array(held)), self._key)
+
+
+class FewKeys:
+    """A point lookup's few keys as Python values, and their hashes: computed once, however many indexes ask.
+
+    A lookup asks each WAL entry of its shard's tail (a dozen beside a busy
+    writer) for its keys; converting and hashing them took a fifth of each ask.
+    """
+
+    def __init__(self, keys: pa.Table, key: list[str]) -> None:
+        self._keys, self._key = keys, key
+
+    @cached_property
+    def values(self) -> list[tuple[int | str, ...]]:
+        """Each non-null key's column values (a null is no key)."""
+        return [k for k in zip(*(self._keys.column(c).to_pylist() for c in self._key), strict=True) if None not in k]
+
+    @cached_property
+    def hashes(self) -> list[np.uint64]:
+        """Each of :attr:`values`' hashes (:func:`~resources.lsm.read.key_hashes.key_hash`)."""
+        return [np.uint64(key_hash(k)) for k in self.values]
 
 
 def spans(first: np.ndarray, counts: np.ndarray) -> np.ndarray:

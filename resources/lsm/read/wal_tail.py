@@ -21,7 +21,7 @@ from ..format.wal import read_wal_entry, sentinel_epoch
 from ..lru_cache import LruCache
 from .dedup import keep_last_per_key
 from .generation_keys import READS_BEFORE_KEY_INDEX
-from .key_sets import KeyIndex, key_join, laid_over
+from .key_sets import FewKeys, KeyIndex, key_join, laid_over
 
 
 class CachedEntry:
@@ -45,9 +45,10 @@ class CachedEntry:
         self._index: KeyIndex | None = None
         self._indexed = rows
 
-    def rows_of(self, keys: pa.Table) -> pa.Table:
+    def rows_of(self, keys: pa.Table, few: FewKeys | None = None) -> pa.Table:
         """The entry's rows holding one of ``keys``: all of them, or once indexed each key's last one (a later
-        row of a key in one entry is newer, so the newest change per key over the tail is the same)."""
+        row of a key in one entry is newer, so the newest change per key over the tail is the same).
+        ``few``: the same keys, as the lookup prepared them for every entry (:class:`FewKeys`)."""
         if self._index is None:
             self._asked += 1
             if self._asked <= READS_BEFORE_KEY_INDEX:
@@ -55,7 +56,7 @@ class CachedEntry:
             # A writer may buffer several puts into one entry: the index holds each key's last row only.
             self._indexed = keep_last_per_key(self.rows, self._key)
             self._index = KeyIndex(self._indexed, self._key)
-        rows = self._index.rows(keys)
+        rows = self._index.rows(keys, few)
         # The usual answer is none: an empty take still costs 16 us an entry (pyarrow's dispatch), a slice 1 us.
         return self._indexed.take(rows) if len(rows) else self._indexed.slice(0, 0)
 
@@ -127,6 +128,7 @@ def read_wal_tail(
     kept = resolved if keys is None and written_after is None else None  # only the whole tail is kept
     earlier = _earlier_tail(kept.find((scope, shard_id)), entries) if kept is not None else None
     fence_epoch, parts = earlier.fence_epoch if earlier else 0, []
+    few = FewKeys(keys, primary_key) if keys is not None else None
     for entry in entries[len(earlier.entries) if earlier else 0 :]:
         if written_after is not None and entry.position <= written_after:  # only its fence counts
             fence_epoch = max(fence_epoch, sentinel_epoch(storage, shard_id, entry) or 0)
@@ -139,7 +141,7 @@ def read_wal_tail(
             continue
         if epoch < fence_epoch or rows.num_rows == 0:
             continue
-        if keys is not None and not (rows := read.rows_of(keys)).num_rows:
+        if keys is not None and not (rows := read.rows_of(keys, few)).num_rows:
             continue  # the usual answer for a lookup: no conform (55 us an entry)
         parts.append(conform(rows, tail_schema))  # an entry written before columns were added lacks them
     newer = keep_last_per_key(pa.concat_tables(parts), primary_key) if parts else empty_tail(schema)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from resources.lsm.read import key_hashes, key_sets
-from resources.lsm.read.key_sets import KeyIndex, key_join, key_mask, laid_over, spans
+from resources.lsm.read.key_sets import FewKeys, KeyIndex, key_join, key_mask, laid_over, spans
 
 rng = np.random.default_rng(12)
 NUMBERS = rng.choice(10_000, 600, replace=False)
@@ -31,6 +31,19 @@ def test_a_key_index_finds_the_row_of_every_held_key_and_leaves_out_the_others(k
     held = [row for row, n in enumerate(table["v"].to_pylist()[:500]) if n in set(asked["v"].to_pylist())]
     assert rows.tolist() == held
     assert index.rows(asked.select(key).slice(0, 0)).size == 0
+
+
+@pytest.mark.parametrize("kind", ["string", "composite"])
+def test_a_lookups_keys_prepared_once_answer_every_index_it_asks(kind):
+    table, key = TABLES[kind]
+    indexes = [KeyIndex(table.slice(start, 200), key) for start in (0, 150, 400)]  # overlapping, as entries
+    asked = table.take([5, 160, 420, 599]).select(key)
+    nulled = pa.concat_tables(
+        [asked, asked.slice(0, 1).set_column(0, asked.field(0), pa.nulls(1, asked.field(0).type))]
+    )
+    few = FewKeys(nulled, key)  # a null is no key
+    assert [index.rows(nulled, few).tolist() for index in indexes] == [index.rows(asked).tolist() for index in indexes]
+    assert [len(index.rows(asked)) for index in indexes] == [2, 1, 2]  # rows 5 and 160, 160, 420 and 599
 
 
 @pytest.mark.parametrize("kind", ["string", "composite"])
