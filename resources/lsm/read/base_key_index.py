@@ -34,8 +34,8 @@ from ..format.layout import KEY_INDEX_DIR
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
 from .key_hash_files import key_hash_file, stored_key_hash_files
-from .key_hashes import NUMPY_HASHED_KEYS, key_hash, key_hashes
-from .key_sets import key_mask, spans
+from .key_hashes import NUMPY_HASHED_KEYS, key_hashes
+from .key_sets import FewKeys, key_mask, spans
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +226,7 @@ def _hashes(keys: pa.Table, key: list[str]) -> np.ndarray:
     """The hash of each key of ``keys`` but null ones (a few hashed one by one, on Python ints)."""
     if keys.num_rows >= NUMPY_HASHED_KEYS:
         return key_hashes(keys, key)
-    asked = zip(*(keys.column(c).to_pylist() for c in key), strict=True)
-    return np.array([key_hash(k) for k in asked if None not in k], dtype=np.uint64)
+    return np.array(FewKeys(keys, key).hashes, dtype=np.uint64)
 
 
 _LOCK = threading.Lock()
