@@ -82,6 +82,8 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
     found = list(pool.map(stored_run, states))
     previous = {state.shard_id: run for state, (run, _) in zip(states, found, strict=True)}
     stale = [state for state, (_, current) in zip(states, found, strict=True) if not current]
+    # A shard a merge took part of has no run to extend: the run it merged from lends the base rows it found.
+    lenders = {state.shard_id: handle.runs.partly_merged(state) for state in stale if previous[state.shard_id] is None}
     runs = handle.retrying(
         lambda: build_runs(
             handle.storage,
@@ -89,6 +91,7 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
             stale,
             list(handle.primary_key),
             previous,
+            lenders={shard_id: run for shard_id, run in lenders.items() if run is not None},
             fragments=present,
             session=handle.session,
             map=pool.map,

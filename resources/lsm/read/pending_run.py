@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..format.layout import run_dir
-from ..format.schema import conform, empty_tail
+from ..format.schema import ROW_ADDRESS, conform, empty_tail
 from ..format.shard_state import ShardState, generation_flush_time_ns
 from ..format.storage import TableStorage
 from ..lru_cache import LruCache
@@ -84,6 +84,12 @@ _REPORTED: LruCache[tuple[str, str], bool] = LruCache(max_entries=4096)
 _ALIGNED = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.DataTypeSpecific)
 """The body follows a 12-byte header, so its buffers sit 4 bytes off their types' alignment in the bytes read:
 they are copied to aligned memory (0.6 ms for 16 MB), or Acero warns on every join and numpy reads them unaligned."""
+_ROWS_SCANNED_PER_KEY_LENT = 100
+"""Base rows whose keys a scan reads and joins in the time a key is lent its base row by an older run.
+
+Lending costs about 1.5 µs a key (reading the lender, joining its keys, a take of addresses only); a scan
+joins int64 keys at about 16 ns a row, strings at 55. ``benchmarks/runs_after_merge.py``: 200k keys lent on
+64Mi rows, 0.45-0.51 s against 0.93-1.64 s looked up; 183k keys on 1Mi rows, 0.48-0.54 s against 0.26-0.34."""
 _CACHED_RUNS = 1024
 """Runs a table handle keeps at most (besides its byte budget): a few per shard are ever in use."""
 
@@ -167,6 +173,7 @@ def build_runs(
     primary_key: list[str],
     previous: Mapping[str, PendingRun | None],
     *,
+    lenders: Mapping[str, PendingRun] | None = None,
     fragments: set[int] | None = None,
     session: lance.Session | None = None,
     map: Callable[..., Iterable[pa.Table]] = map,
@@ -180,9 +187,14 @@ def build_runs(
     newer generations: only they are read (through ``map``: pass a thread
     pool's) and resolved to one change per key; the earlier run's rows they
     supersede are dropped, and only keys it did not hold are looked up in the
-    base. A key lives in one shard, so all shards go through each step
-    together, with one probe of the base (a search of its key index, a BTREE
-    ``IN`` query or a scan of the key columns, whichever costs less for their number:
+    base. ``lenders[shard_id]``, a run a merge has since taken part of
+    (its first generations are merged), lends the base rows it found to the
+    keys it holds, for a shard without a ``previous`` run: a row never
+    changes, and a merge that changed its key deleted it, so each lent row
+    that is still live is the key's (:func:`_lent_base_rows`). A key lives
+    in one shard, so all shards go through each step together, with one
+    probe of the base (a search of its key index, a BTREE ``IN`` query or a
+    scan of the key columns, whichever costs less for their number:
     :func:`~resources.lsm.read.deletion_vector.base_row_addresses`).
     """
     if not shards:
@@ -205,6 +217,8 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
+    holding = [run for run in (lenders or {}).values() if run.superseded.holds_in(present)]
+    known = _lent_base_rows(dataset, resolved.select(primary_key), known, holding, primary_key)
     base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
     shard_of_row = resolved.column(_SHARD).to_numpy()
@@ -235,6 +249,44 @@ def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns
         base_rows = run.base_rows if holds else pa.nulls(len(run.base_rows), pa.uint64())
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
+
+
+def _lent_base_rows(
+    dataset: lance.LanceDataset, keys: pa.Table, known: pa.Array, lenders: list[PendingRun], primary_key: list[str]
+) -> pa.Array:
+    """``known``, with the keys it lacks given the base row a ``lenders`` run found for them, if still live.
+
+    A run found each key's row in an older base version. The row's content
+    is what it was then; a merge since then that changed the key deleted
+    it. So a row still live holds the key, and no other row does: checking
+    that it is live (a take of addresses only, no column decoded: about
+    0.5 µs a row against 5-12 µs for a take of the key to compare) is
+    enough. A key a lender found absent from the base may have been merged
+    in since: it is looked up again. Keys many enough for the base to be
+    scanned for them are all looked up (:data:`_ROWS_SCANNED_PER_KEY_LENT`).
+    """
+    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
+    if not lenders or dataset.has_stable_row_ids:  # a take then reads ids, not addresses
+        return known
+    if not len(missing) or len(missing) * _ROWS_SCANNED_PER_KEY_LENT > dataset.count_rows():
+        return known  # a scan of the base's keys costs less
+    lent = pa.concat_tables(
+        [run.changes.select(primary_key).append_column(BASE_ROW_ADDRESS, run.base_rows) for run in lenders]
+    )
+    offered = (
+        addresses_by_key(keys.take(missing), lent, primary_key, BASE_ROW_ADDRESS).fill_null(NOT_IN_BASE).to_numpy()
+    )
+    candidates = np.unique(offered[offered != NOT_IN_BASE])
+    if not len(candidates):
+        return known
+    live = dataset._take_rows(pa.array(candidates), columns=[ROW_ADDRESS]).column(ROW_ADDRESS).to_numpy()
+    usable = (offered != NOT_IN_BASE) & np.isin(offered, live)
+    lent_to = missing[usable]
+    values = known.fill_null(NOT_IN_BASE).to_numpy().copy()
+    values[lent_to] = offered[usable]
+    still_missing = known.is_null().to_numpy(zero_copy_only=False)
+    still_missing[lent_to] = False
+    return pa.array(values, pa.uint64(), mask=still_missing)
 
 
 def _fill_base_rows(
@@ -401,6 +453,34 @@ class PendingRuns:
                     self._finding.discard(path)
 
         build_in_background(find, f"the run {path}")
+
+    def partly_merged(self, shard: ShardState) -> PendingRun | None:
+        """The stored run of ``shard`` that reaches furthest into its pending generations from below its marker.
+
+        A merge takes the first generations of a run built meanwhile (up to
+        the run it planned with), and a run must start at the marker: the
+        run over the rest is built again, from this one's base rows
+        (:func:`build_runs`' ``lenders``). ``None`` if there is none, or
+        it is unreadable (GC deletes such runs: the rebuild then looks every key up).
+        """
+        pending, marker = shard.pending_generations, shard.compacted_generation
+        if not pending:
+            return None
+        directory = run_dir(shard.shard_id)
+        reaching = []
+        for name in (f.name for f in self._storage.list_files(directory)):
+            span = covered_generations(name)
+            if span is not None and span[0] <= marker < span[1]:
+                reaching.append((span[1], f"{directory}/{name}"))
+        for _, path in sorted(reaching, reverse=True):
+            try:
+                run = self._runs.find(path) or read_run(self._storage, path, shard.shard_id)
+            except (OSError, ValueError, KeyError, pa.ArrowInvalid):
+                continue  # retired by GC meanwhile, or damaged: a shorter one may do
+            rest = tuple(g for g in run.generations if g[0] > marker)
+            if rest == pending[: len(rest)]:
+                return run
+        return None
 
     def find_each(self, shards: Sequence[ShardState]) -> list[PendingRun | None]:
         """:meth:`find` for each shard, in order.

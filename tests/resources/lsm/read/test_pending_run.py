@@ -11,10 +11,13 @@ import sys
 import threading
 import time
 
+import lance
 import pyarrow as pa
+import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR, RUNS_DIR
+from resources.lsm.maintenance import compaction
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.read import pending_run
@@ -61,6 +64,21 @@ def assert_reads_and_lookups(table: LsmTable, batches: list[pa.Table]) -> None:
     assert rows_by_key(table.read()) == expected
     probe = [k for (k,) in list(expected)[:50]] + [999_999]
     assert rows_by_key(table.lookup(probe)) == {(k,): expected[(k,)] for k in probe if (k,) in expected}
+
+
+def upserts(keys: list[int], schema: pa.Schema) -> pa.Table:
+    """A change batch (``schema``: the change stream's) upserting ``keys``."""
+    return pa.table(
+        {
+            "id": pa.array(keys, pa.int64()),
+            "customer": ["c"] * len(keys),
+            "amount": [1.0] * len(keys),
+            "status": ["paid"] * len(keys),
+            "_op": ["upsert"] * len(keys),
+            "_seq": pa.array(range(len(keys)), pa.int64()),
+        },
+        schema=schema,
+    )
 
 
 def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_base_rows(tmp_path):
@@ -265,23 +283,62 @@ def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, m
 
     monkeypatch.setattr(pending_run, "base_row_addresses", counting)
     keys = sorted(in_runs)[:300] + list(range(900_000, 900_050))  # keys the runs hold (in the base or not), new ones
-    newest = pa.table(
-        {
-            "id": pa.array(keys, pa.int64()),
-            "customer": ["c"] * len(keys),
-            "amount": [1.0] * len(keys),
-            "status": ["paid"] * len(keys),
-            "_op": ["upsert"] * len(keys),
-            "_seq": pa.array(range(len(keys)), pa.int64()),
-        },
-        schema=batches[0].schema,
-    )
+    newest = upserts(keys, batches[0].schema)
     table.write(newest)
     table.flush()
     table.build_pending_runs()
 
     assert sorted(looked_up) == keys[300:]  # one probe, for the keys never looked up before
     assert_reads_and_lookups(LsmTable.open(table.uri), [*batches, newest])
+
+
+@pytest.mark.parametrize("lent", [True, False], ids=["base-much-larger-than-the-keys", "base-cheaper-to-scan"])
+def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest(tmp_path, monkeypatch, lent):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    # This base holds ~4k rows for ~300 keys: lending pays from 100 rows a key on, so it is made to pay here.
+    monkeypatch.setattr(pending_run, "_ROWS_SCANNED_PER_KEY_LENT", 1 if lent else 1 << 30)
+    merged_first = {k for shard in table.shards() for k in table.handle.runs.find(shard).changes["id"].to_pylist()}
+    in_base = set(lance.dataset(table.uri).to_table(columns=["id"])["id"].to_pylist())
+    again = sorted(merged_first)[::3]  # the merge changes their base row: what the run found is gone
+    untouched = sorted(in_base - merged_first)[:200]  # their base row stays
+    new = list(range(900_000, 900_040))  # absent from the base
+    rest = upserts(again + untouched + new, batches[0].schema)
+    looked_up: list[int] | None = None  # once the merge commits
+    probe, commit_data = pending_run.base_row_addresses, compaction.commit_data
+
+    def counting(dataset, keys, primary_key, index):
+        if looked_up is not None:
+            looked_up.extend(keys["id"].to_pylist())
+        return probe(dataset, keys, primary_key, index)
+
+    def keeper_meanwhile(*args, **kwargs):
+        """While the merge commits what it planned, a writer cuts a generation and a keeper extends the runs."""
+        nonlocal looked_up
+        table.write(rest)
+        table.flush()
+        table.build_pending_runs()
+        looked_up = []
+        return commit_data(*args, **kwargs)
+
+    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    monkeypatch.setattr(compaction, "commit_data", keeper_meanwhile)
+    merged = table.compact(maintenance=None)  # then builds the run over the rest
+    assert all(s.pending_generations == 1 and s.join_free_passes == s.passes == 1 for s in merged.shards)
+
+    # Lent, the untouched keys kept the rows the longer runs found.
+    assert sorted(looked_up) == sorted(again + new if lent else again + untouched + new)
+    rebuilt = LsmTable.open(table.uri)
+    lent = {k: a for s in rebuilt.shards() for k, a in _base_rows_by_key(rebuilt.handle.runs.find(s)).items()}
+    drop_pending_runs(rebuilt)
+    scratch = LsmTable.open(table.uri)
+    scratch.build_pending_runs()
+    assert lent == {k: a for s in scratch.shards() for k, a in _base_rows_by_key(scratch.handle.runs.find(s)).items()}
+    assert_reads_and_lookups(LsmTable.open(table.uri), [*batches, rest])
+    assert LsmTable.open(table.uri).count() == len(oracle_view([*batches, rest]))
+
+
+def _base_rows_by_key(run: PendingRun) -> dict[int, int]:
+    return dict(zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True))
 
 
 def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_path):
