@@ -174,14 +174,25 @@ def _flushed_generations(table: DeclaredTable, ingested: AssetsDefinition) -> As
 
 
 def merge_shards(
-    context: AssetExecutionContext, table: "LsmTable", shards: list["ShardState"], max_rows_per_pass: int
+    context: AssetExecutionContext,
+    table: "LsmTable",
+    shards: list["ShardState"],
+    max_rows_per_pass: int,
+    table_name: str,
 ) -> dict[str, Any]:
     """Merge ``shards``' pending generations into the base in one ``compact`` call.
 
     Each commit carries every shard it merges; a shard with a pending run is
-    merged without joining the base (``join_free_commits``).
+    merged without joining the base (``join_free_commits``). While a run
+    holds the table's writers, their keeper builds runs within seconds: once
+    a run is merged, generations still without one wait for the next merge
+    (``runs_only``), so merges beside live writers stay join-free.
     """
-    result = table.compact([s.shard_id for s in shards], max_rows_per_pass=max_rows_per_pass)
+    live_runs = live_writer_runs(context.instance, table_name, exclude_run_id=context.run.run_id)
+    if live_runs:
+        context.log.info(f"writer runs in progress {live_runs}: generations without a pending run wait for it")
+    shard_ids = [s.shard_id for s in shards]
+    result = table.compact(shard_ids, max_rows_per_pass=max_rows_per_pass, runs_only=bool(live_runs))
     bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
     per_shard = {}
     for merged in result.shards:
@@ -197,6 +208,7 @@ def merge_shards(
         **_sums(per_shard, exclude=("lag_seconds", "compacted_generation", "elapsed_s")),
         "lag_seconds": max((n["lag_seconds"] for n in per_shard.values()), default=0.0),
         "rows_deleted": result.rows_deleted,
+        "writer_runs_live": len(live_runs),
         "elapsed_s": round(result.elapsed_seconds, 3),
         "rows_per_s": round(rows / result.elapsed_seconds, 1) if result.elapsed_seconds else 0.0,
     }
@@ -238,7 +250,7 @@ def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefin
         lsm = open_table(context, table)
         shards = selected_shards(lsm, config.shards)
         enforce_merge_guards(context, lsm, [s.bucket for s in shards], flushed.key)
-        metadata = merge_shards(context, lsm, shards, config.max_rows_per_pass)
+        metadata = merge_shards(context, lsm, shards, config.max_rows_per_pass, table.name)
         return MaterializeResult(metadata=metadata | version_metadata(lsm))
 
     return merged_base

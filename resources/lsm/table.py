@@ -460,6 +460,7 @@ class LsmTable:
         *,
         max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
         maintenance: MaintenancePolicy | None = MaintenancePolicy(),
+        runs_only: bool = False,
     ) -> CompactionResult:
         """Merge flushed generations into the base table (one shard, several, or all for ``None``).
 
@@ -470,13 +471,19 @@ class LsmTable:
         rows. Each pass is a data commit that claims its generations, then a
         marker commit. Idempotent and crash-safe: the merged view never
         changes and nothing is applied twice. Afterwards the base's files and indexes are tidied per
-        ``maintenance`` (``None``: skip). See :mod:`resources.lsm.maintenance.compaction`.
+        ``maintenance`` (``None``: skip). ``runs_only``: once a run is merged,
+        generations without one wait for a later call (beside live writers,
+        whose keeper builds their runs). See :mod:`resources.lsm.maintenance.compaction`.
         """
         shard_ids = self._shard_list(shard)
         # A failed pass changed nothing or committed whole; a re-run re-plans from the markers.
         result = self.handle.retrying(
             lambda: compaction.compact(
-                self.handle, shard_ids, max_rows_per_pass=max_rows_per_pass, maintenance=maintenance
+                self.handle,
+                shard_ids,
+                max_rows_per_pass=max_rows_per_pass,
+                maintenance=maintenance,
+                runs_only=runs_only,
             ),
             "compact",
         )

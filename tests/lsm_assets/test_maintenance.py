@@ -117,6 +117,37 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
     assert _view(table) == oracle
 
 
+def test_beside_live_writers_the_merge_takes_only_generations_with_a_run(make_table):
+    table = make_table(EVENTS_SCHEMA, num_shards=2)
+    batches = list(generate_changes(ChangeStreamSpec(num_keys=400, num_batches=3, batch_size=200, seed=5)))
+    for batch in batches[:2]:
+        table.write(batch)
+        table.close()
+    table.compact()  # a base, so that runs hold its rows
+    for batch in batches[1:]:
+        table.write(batch)
+        table.close()
+        if batch is batches[1]:
+            table.build_pending_runs()  # the last generation has none yet: the keeper's next round builds it
+    resources = {"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()}
+    with instance_for_test() as instance:
+        instance.add_run(
+            DagsterRun(job_name="ingest_job", run_id="live", tags=WRITER_TAGS, status=DagsterRunStatus.STARTED)
+        )
+        beside = materialize([merged_base], resources=resources, instance=instance)
+        metadata = {k: v.value for k, v in beside.asset_materializations_for_node("merged_base")[0].metadata.items()}
+        assert metadata["writer_runs_live"] == 1
+        # Per shard: one join-free commit of its run; its newest generation left pending.
+        assert metadata["join_free_commits"] == metadata["commits"] == metadata["lag_generations"] == 2
+        assert _view(table) == replay(batches)
+
+        instance.delete_run("live")
+        alone = materialize([merged_base], resources=resources, instance=instance)
+        metadata = {k: v.value for k, v in alone.asset_materializations_for_node("merged_base")[0].metadata.items()}
+        assert metadata["writer_runs_live"] == 0 and metadata["lag_generations"] == 0
+    assert _view(table) == replay(batches)
+
+
 def _failed_checks(events) -> list[str]:
     return [
         e.event_specific_data.check_name

@@ -13,7 +13,9 @@ One pass over the shards being merged, top to bottom:
    after shard until ``max_rows_per_pass`` rows are collected (always at
    least one generation). Directory listings are never used, so orphan
    directories are never read, and generations flushed while we merge wait
-   for the next call.
+   for the next call. With ``runs_only`` (beside live writers, whose keeper
+   builds runs), once a run is merged, generations without one wait for the
+   next call too: every merge stays join-free.
 3. Resolve newest-wins per key: later generations win; within a generation
    the later row wins (a run is already resolved). ``_tombstone`` rows
    become deletes. A key lives in one shard, so shards never compete for a key.
@@ -256,8 +258,17 @@ def compact(
     *,
     max_rows_per_pass: int = DEFAULT_MAX_ROWS_PER_PASS,
     maintenance: MaintenancePolicy | None = MaintenancePolicy(),
+    runs_only: bool = False,
 ) -> CompactionResult:
     """Merge every generation pending at the start into the base, all shards per commit.
+
+    With ``runs_only``, once the call merged a pending run, generations no
+    run covers are left for a later call: beside live writers, whose keeper
+    builds their runs within seconds, every merge stays join-free (a pass
+    that joins the base costs seconds on a large one, and the keeper's runs
+    over the generations it would merge are lost to it). A call that finds
+    no run to merge merges as without it, so generations never wait for a
+    keeper that is not there.
 
     Guarantees: the merged view (``LsmTable.read()``) is the same before, during
     and after the call, and after a crash at any point; each generation is
@@ -282,8 +293,13 @@ def compact(
     targets = {s: state.pending_generations for s, state in _shard_states(table, shard_ids).items()}
     tallies = {s: _ShardTally() for s in shard_ids}
     rows_deleted = 0
+
     # Each round's commits are durable, so a store fault repeats only its round (re-planned from the base).
-    while (deleted := table.retrying(lambda: _merge_round(table, targets, tallies, max_rows_per_pass), "merge")) >= 0:
+    def merge_round() -> int:
+        after_runs = runs_only and any(tally.join_free_passes for tally in tallies.values())
+        return _merge_round(table, targets, tallies, max_rows_per_pass, runs_only=after_runs)
+
+    while (deleted := table.retrying(merge_round, "merge")) >= 0:
         rows_deleted += deleted
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
@@ -297,8 +313,11 @@ def _merge_round(
     targets: Mapping[str, Sequence[tuple[int, str]]],
     tallies: dict[str, _ShardTally],
     max_rows: int,
+    *,
+    runs_only: bool = False,
 ) -> int:
-    """Settle an outstanding claim, or plan and commit the next pass; the base rows it deleted (-1: all merged).
+    """Settle an outstanding claim, or plan and commit the next pass; the base rows it deleted (-1: all merged,
+    or, with ``runs_only``, no run left to merge).
 
     A lost race is counted and left to the next round, which re-reads the base.
     """
@@ -308,7 +327,7 @@ def _merge_round(
     merged_through = table.compacted_generations(base.version)
     todo = {s: [g for g in targets[s] if g[0] > merged_through.get(s, 0)] for s in tallies}
     present = fragment_ids(base)
-    passes = _plan_passes(table, base, present, {s: t for s, t in todo.items() if t}, max_rows)
+    passes = _plan_passes(table, base, present, {s: t for s, t in todo.items() if t}, max_rows, runs_only=runs_only)
     if not passes:
         return -1
     try:
@@ -384,8 +403,11 @@ def _plan_passes(
     present: set[int],
     todo: dict[str, Sequence[tuple[int, str]]],
     max_rows: int,
+    *,
+    runs_only: bool = False,
 ) -> list[_ShardPass]:
-    """The next commit's passes: every shard that has a usable pending run, else generations read afresh.
+    """The next commit's passes: every shard that has a usable pending run, else (unless ``runs_only``)
+    generations read afresh.
 
     ``present`` holds ``base``'s fragment ids (none: an empty base).
     """
@@ -393,7 +415,7 @@ def _plan_passes(
         return []
     if present:
         passes = _run_passes(table, base, todo, present)
-        if passes:
+        if passes or runs_only:
             return passes
     # An empty base serializes merges on the marker alone: one generation per shard and commit.
     return _read_passes(table, base, todo, max_rows, generations_per_shard=None if present else 1)

@@ -369,6 +369,38 @@ def test_one_data_commit_and_one_marker_commit_merge_every_shard(tmp_path, with_
     assert_base_sane(table.uri)
 
 
+def test_runs_only_merges_the_runs_and_leaves_generations_without_one_for_a_later_call(tmp_path):
+    table, batches = _merged_then_flushed(tmp_path, num_batches=2, seed=37, runs=True)
+    with_runs = _generations(table)
+    later = list(generate_changes(ChangeStreamSpec(num_keys=4000, num_batches=1, batch_size=600, seed=41)))
+    table.write(later[0])
+    table.close()  # no run: a keeper would build it within seconds
+    batches += later
+
+    first = table.compact(maintenance=None, runs_only=True)
+
+    assert {r.shard_id: (r.generations_merged, r.passes, r.join_free_passes) for r in first.shards} == {
+        s: (g, 1, 1) for s, g in with_runs.items()
+    }
+    assert all(r.pending_generations == 1 for r in first.shards)
+    assert_view(table, batches)
+    second = table.compact(maintenance=None, runs_only=True)  # the first call ended building their runs
+    assert all(r.join_free_passes == r.passes == 1 and r.pending_generations == 0 for r in second.shards)
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches)
+
+
+def test_runs_only_without_any_run_merges_everything_as_before(tmp_path):
+    table, batches = _merged_then_flushed(tmp_path, num_batches=2, seed=43, runs=False)
+    pending = _generations(table)
+
+    result = table.compact(maintenance=None, runs_only=True)
+
+    assert {r.shard_id: (r.generations_merged, r.join_free_passes) for r in result.shards} == {
+        s: (g, 0) for s, g in pending.items()
+    }
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view(batches)
+
+
 def test_a_join_free_merge_keeps_the_key_index_finding_every_row(tmp_path):
     table, batches = _merged_then_flushed(tmp_path, num_batches=2, seed=29, runs=True)
     table.compact(maintenance=None)  # the new rows are not indexed yet
