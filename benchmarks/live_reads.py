@@ -22,13 +22,14 @@ alternating pairs):
    seconds per generation, on a machine doing nothing else).
 3. While a writer process streams ``--live-rows-per-s`` changes of keys
    drawn anew (shard writers held open, generations cut by full MemTables, a
-   ``PendingRunKeeper`` building their runs; no merge runs meanwhile): the
-   merged scan, ``count()`` and lookups (``--live-probes``) against the base,
-   twice (from 10 s after the writer started, then right after: the pending
-   changes keep growing), the runs' longest delay behind the generations and
-   the keeper's mean round; then the writer's throughput with and without the
-   keeper, in alternating runs of ``--writer-batches`` puts as fast as it
-   can.
+   ``PendingRunKeeper`` building their runs) and a merger process merges the
+   shards the merge sensor's default trigger picks, as its runs do beside a
+   writer run (``compact(runs_only=True)``, checked every 5 s): the merged
+   scan, ``count()`` and lookups (``--live-probes``) against the base, twice
+   (from 10 s after the writer started, then right after), the runs' longest
+   delay behind the generations, the keeper's mean round and the merges'
+   durations; then the writer's throughput with and without the keeper, in
+   alternating runs of ``--writer-batches`` puts as fast as it can.
 
 Results: ``benchmarks/results/live_reads.{json,md}`` (``--out``).
 """
@@ -57,6 +58,7 @@ from benchmarks.scale import KEYS, clone, drain, p50_side_by_side, paired, rows_
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
+from resources.lsm.maintenance.policy import MergeTrigger
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PENDING = (1, 4, 16)
@@ -181,6 +183,24 @@ def write_live(
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
 
+def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
+    """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
+    sensor's runs merge them beside a writer run (only generations with a pending run). Writes each merge's
+    seconds and passes to ``<uri>/merges.json``."""
+    table = LsmTable.open(uri)
+    trigger = MergeTrigger()
+    merges = []
+    while not stop.wait(interval_s):
+        due = [state.shard_id for state in table.shards() if trigger.decide(state, time.time())]
+        if due:
+            started = time.perf_counter()
+            result = table.compact(due, runs_only=True)
+            passes = sum(s.passes for s in result.shards)
+            joined = passes - sum(s.join_free_passes for s in result.shards)
+            merges.append({"seconds": time.perf_counter() - started, "passes": passes, "joining_passes": joined})
+    Path(uri, "merges.json").write_text(json.dumps(merges))
+
+
 def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """Reads while a writer process streams changes, then the writer's throughput with and without the keeper."""
     rows, size, repeat = args.rows, args.generation_rows, args.repeat
@@ -189,15 +209,19 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
+    merger = context.Process(target=merge_when_due, args=(uri, stop))
+    merger.start()
     started = time.monotonic()
     time.sleep(10)  # the writer claimed its shards and cut generations
     live = []
-    for _ in range(2):  # its first minutes, then once changes kept piling up (no merge runs)
+    for _ in range(2):  # its first minutes, then once merges took some of its changes in
         writing_for = time.monotonic() - started
         live.append(reads(uri, kind, repeat, args.live_probes) | {"writer_seconds": writing_for})
     stop.set()
     writer.join()
+    merger.join()
     keeper = json.loads(Path(uri, "writer-1.json").read_text())
+    merges = json.loads(Path(uri, "merges.json").read_text())
     throughput: dict[bool, list[float]] = {True: [], False: []}
     for round_ in range(2):
         for keep in (True, False) if round_ % 2 == 0 else (False, True):
@@ -210,6 +234,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
         "reads": live[0],
         "reads_later": live[1],
         "keeper_while_reading": keeper,
+        "merges_while_reading": merges,
         "writer_rows_per_s_with_keeper": with_keeper,
         "writer_rows_per_s_without_keeper": without,
         "keeper_throughput_ratio": with_keeper / without,
@@ -222,8 +247,9 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards; each generation write "
         f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); the live "
-        f"writer streams {results['live_rows_per_s']:,.0f} rows/s. Every ratio is against plain Lance on the same "
-        "base, measured side by side (medians of alternating pairs).",
+        f"writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger merges the "
+        "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run). "
+        "Every ratio is against plain Lance on the same base, measured side by side (medians of alternating pairs).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
         "| count() / base scan | count() s | lookup p50 / Lance point query |",
@@ -240,8 +266,8 @@ def render(results: dict[str, Any]) -> str:
     lines += [
         "",
         "| key | building runs, s per generation (16 pending) | writer with keeper / without "
-        "| run delay while live (max) | keeper round while live |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| run delay while live (max) | keeper round while live | merges while live (median / max s, joining passes) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
         build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
@@ -249,9 +275,18 @@ def render(results: dict[str, Any]) -> str:
         keeper = live["keeper_while_reading"]
         delay, round_s = keeper.get("max_run_delay_s", 0.0), keeper.get("seconds_per_round", 0.0)
         lines.append(
-            f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {round_s:.2f} s |"
+            f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {round_s:.2f} s "
+            f"| {_merges_cell(live.get('merges_while_reading', []))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _merges_cell(merges: list[dict[str, float]]) -> str:
+    if not merges:
+        return "none"
+    seconds = [m["seconds"] for m in merges]
+    joining = sum(int(m["joining_passes"]) for m in merges)
+    return f"{len(merges)}: {statistics.median(seconds):.1f} / {max(seconds):.1f} s, {joining}"
 
 
 def _read_cells(r: dict[str, float]) -> str:

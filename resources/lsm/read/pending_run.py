@@ -89,7 +89,7 @@ _ROWS_SCANNED_PER_KEY_LENT = 100
 
 Lending costs about 1.5 µs a key (reading the lender, joining its keys, a take of addresses only); a scan
 joins int64 keys at about 16 ns a row, strings at 55. ``benchmarks/runs_after_merge.py``: 200k keys lent on
-64Mi rows, 0.45-0.51 s against 0.93-1.64 s looked up; 183k keys on 1Mi rows, 0.48-0.54 s against 0.26-0.34."""
+64Mi rows, 0.45-0.71 s against 0.81-1.64 s looked up; 183k keys on 1Mi rows, 0.48-0.54 s against 0.26-0.34."""
 _CACHED_RUNS = 1024
 """Runs a table handle keeps at most (besides its byte budget): a few per shard are ever in use."""
 
@@ -265,9 +265,9 @@ def _lent_base_rows(
     in since: it is looked up again. Keys many enough for the base to be
     scanned for them are all looked up (:data:`_ROWS_SCANNED_PER_KEY_LENT`).
     """
-    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
     if not lenders or dataset.has_stable_row_ids:  # a take then reads ids, not addresses
         return known
+    missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
     if not len(missing) or len(missing) * _ROWS_SCANNED_PER_KEY_LENT > dataset.count_rows():
         return known  # a scan of the base's keys costs less
     lent = pa.concat_tables(
