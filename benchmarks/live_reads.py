@@ -39,10 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from multiprocessing.synchronize import Event as EventType
@@ -54,13 +52,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import KEYS, clone, drain, p50_side_by_side, paired, rows_for, save_results, seconds, template
+from benchmarks.scale import (
+    add_base_arguments,
+    drain,
+    on_each_base,
+    p50_side_by_side,
+    paired,
+    rows_for,
+    save_results,
+    seconds,
+)
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
 from resources.lsm.maintenance.policy import MergeTrigger
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PENDING = (1, 4, 16)
 SHARDS = 4
 
@@ -298,8 +304,7 @@ def _read_cells(r: dict[str, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
-    parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
+    add_base_arguments(parser, "live_reads")
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
     parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
@@ -308,26 +313,18 @@ def main() -> None:
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
     )
-    parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
-    parser.add_argument("--out", type=Path, default=RESULTS / "live_reads", help="results path without suffix")
     args = parser.parse_args()
+
+    def measure(uri: str, kind: str, _scratch: Path) -> dict[str, Any]:
+        pending = measure_pending(uri, kind, args, np.random.default_rng(11))
+        return {"pending": pending, "live": during_ingestion(uri, kind, args)}
+
     results: dict[str, Any] = {
         "rows": args.rows,
         "generation_rows": args.generation_rows,
         "live_rows_per_s": args.live_rows_per_s,
-        "kinds": {},
+        "kinds": on_each_base(args, measure),
     }
-    scratch = Path(tempfile.mkdtemp(prefix="live-reads-"))
-    try:
-        for kind in args.kinds:
-            uri = str(clone(template(args.data, kind, args.rows), scratch / f"{kind}.lance"))
-            rng = np.random.default_rng(11)
-            pending = measure_pending(uri, kind, args, rng)
-            live = during_ingestion(uri, kind, args)
-            results["kinds"][kind] = {"pending": pending, "live": live}
-            shutil.rmtree(uri, ignore_errors=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     save_results(results, render(results), args.out)
 
 

@@ -25,7 +25,6 @@ import argparse
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,12 +33,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import KEYS, clone, rows_for, save_results, template
+from benchmarks.scale import add_base_arguments, on_each_base, rows_for, save_results
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance import compaction
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def write(table: LsmTable, kind: str, rows: int, writes: int, size: int, rng: np.random.Generator) -> None:
@@ -117,28 +114,17 @@ def render(results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
-    parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
+    add_base_arguments(parser, "runs_after_merge")
     parser.add_argument("--generations", type=int, default=4, help="writes merged, and as many cut meanwhile")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per write")
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs")
-    parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
-    parser.add_argument("--out", type=Path, default=RESULTS / "runs_after_merge", help="results path without suffix")
     args = parser.parse_args()
     results: dict[str, Any] = {
         "rows": args.rows,
         "generations": args.generations,
         "generation_rows": args.generation_rows,
-        "kinds": {},
+        "kinds": on_each_base(args, lambda uri, kind, scratch: measure(uri, kind, args, scratch)),
     }
-    scratch = Path(tempfile.mkdtemp(prefix="runs-after-merge-"))
-    try:
-        for kind in args.kinds:
-            uri = str(clone(template(args.data, kind, args.rows), scratch / f"{kind}.lance"))
-            results["kinds"][kind] = measure(uri, kind, args, scratch)
-            shutil.rmtree(uri, ignore_errors=True)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     save_results(results, render(results), args.out)
 
 

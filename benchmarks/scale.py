@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import lance
 import numpy as np
@@ -137,6 +137,30 @@ def clone(source: Path, target: Path) -> Path:
         for name in files:
             (os.link if shared else shutil.copy2)(Path(directory) / name, target / relative / name)
     return target
+
+
+def add_base_arguments(parser: argparse.ArgumentParser, results_name: str) -> None:
+    """``--rows``, ``--kinds``, ``--data`` and ``--out``: what a benchmark over each key kind's cloned base takes."""
+    parser.add_argument("--rows", type=int, default=64 << 20, help="base rows (default 64Mi)")
+    parser.add_argument("--kinds", nargs="+", choices=list(KEYS), default=list(KEYS))
+    parser.add_argument("--data", type=Path, default=Path("/work/bench-data"), help="where base tables are kept")
+    parser.add_argument("--out", type=Path, default=RESULTS / results_name, help="results path without suffix")
+
+
+def on_each_base(
+    args: argparse.Namespace, measure: Callable[[str, str, Path], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """``measure(uri, kind, scratch)`` per kind of ``args.kinds``, on a fresh clone of its base in ``scratch``."""
+    found = {}
+    scratch = Path(tempfile.mkdtemp(prefix="bench-bases-"))
+    try:
+        for kind in args.kinds:
+            uri = str(clone(template(args.data, kind, args.rows), scratch / f"{kind}.lance"))
+            found[kind] = measure(uri, kind, scratch)
+            shutil.rmtree(uri, ignore_errors=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return found
 
 
 # ------------------------------------------------------------- measurements
