@@ -111,7 +111,8 @@ def _maintenance_job(table: DeclaredTable) -> UnresolvedAssetJobDefinition:
         _assets(table, *MAINTENANCE_ASSETS.values()),
         maintenance_tags(table, "maintenance"),
         "A maintenance pass: flush shards' unflushed WAL (skipping shards with live writers), merge flushed "
-        "generations into the base after the merge guards, collect garbage. Sensor and schedule runs select "
+        "generations into the base after the merge guards (beside live writers, only those with a pending run), "
+        "collect garbage. Sensor and schedule runs select "
         "one step; config `shards` limits flush and merge to some shards.",
     )
 
@@ -151,7 +152,7 @@ def _default_table_jobs(writers: dict[str, str]) -> list[AnyJob]:
             _assets(table, "merged_base"),
             maintenance_tags(table, "merge"),
             "Merge shards' flushed generations into the base table (all shards, or config `shards`), after the "
-            "merge guards passed.",
+            "merge guards passed; while a run holds the table's writers, only generations with a pending run.",
         ),
         _asset_job(
             table,
