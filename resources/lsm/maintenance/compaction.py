@@ -7,13 +7,14 @@ One pass over the shards being merged, top to bottom:
    commits), move the marker first: nothing else happens until it is settled.
 2. Per shard, take the generations the shard manifest listed *when the merge
    started* above its merged-through generation (the newer of marker and
-   claim), in ascending order. A shard whose stored pending run covers a
-   prefix of them, with a deletion vector that still holds in the base,
-   takes exactly the run's generations; the others take generations shard
-   after shard until ``max_rows_per_pass`` rows are collected (always at
-   least one generation). Directory listings are never used, so orphan
-   directories are never read, and generations flushed while we merge wait
-   for the next call. With ``runs_only`` (beside live writers, whose keeper
+   claim), in ascending order. A shard whose stored pending run starts at
+   the first of them, with a deletion vector that still holds in the base,
+   takes exactly the run's generations (a keeper may have extended it past
+   them: those generations, flushed meanwhile, merge with it); the others
+   take generations shard after shard until ``max_rows_per_pass`` rows are
+   collected (always at least one generation). Directory listings are never
+   used, so orphan directories are never read, and other generations
+   flushed while we merge wait for the next call. With ``runs_only`` (beside live writers, whose keeper
    builds runs), once a run is merged, generations without one wait for the
    next call too: every merge stays join-free.
 3. Resolve newest-wins per key: later generations win; within a generation
@@ -435,9 +436,15 @@ def _run_passes(
 
 
 def _run_is_usable(run: PendingRun, todo: Sequence[tuple[int, str]], present: set[int]) -> bool:
-    """The run covers the first generations to merge, knows every key's base row, and its rows are still there."""
+    """The run starts at the first generation to merge, knows every key's base row, and its rows are still there.
+
+    It may reach past the generations to merge: beside live writers, a keeper
+    extends the runs every few seconds, so the stored run rarely ends where
+    the call's targets do, and those flushed generations merge with it.
+    """
+    covered = min(len(todo), len(run.generations))
     return (
-        tuple(todo[: len(run.generations)]) == run.generations
+        tuple(todo[:covered]) == run.generations[:covered]
         and run.base_rows.null_count == 0
         and run.superseded.holds_in(present)
     )

@@ -369,6 +369,28 @@ def test_one_data_commit_and_one_marker_commit_merge_every_shard(tmp_path, with_
     assert_base_sane(table.uri)
 
 
+def test_a_run_a_keeper_extended_past_the_merges_targets_merges_whole_and_join_free(tmp_path, monkeypatch):
+    table, batches = _merged_then_flushed(tmp_path, num_batches=2, seed=47, runs=True)
+    (later,) = generate_changes(ChangeStreamSpec(num_keys=4000, num_batches=1, batch_size=600, seed=53))
+    merge_round, cut = compaction._merge_round, []
+
+    def keeper_first(*args, **kwargs):
+        """Once the merge fixed its targets, a writer cuts a generation and a keeper extends the runs over it."""
+        if not cut:
+            cut.append(later)
+            table.write(later)
+            table.close()
+            table.build_pending_runs()
+        return merge_round(*args, **kwargs)
+
+    monkeypatch.setattr(compaction, "_merge_round", keeper_first)
+    result = table.compact(maintenance=None)
+
+    assert all(r.passes == r.join_free_passes == 1 and r.pending_generations == 0 for r in result.shards)
+    assert all(len(r.generations_merged) == 3 for r in result.shards)  # the two targeted, and the one cut since
+    assert rows_by_key(lance.dataset(table.uri).to_table()) == oracle_view([*batches, later])
+
+
 def test_runs_only_merges_the_runs_and_leaves_generations_without_one_for_a_later_call(tmp_path):
     table, batches = _merged_then_flushed(tmp_path, num_batches=2, seed=37, runs=True)
     with_runs = _generations(table)
