@@ -52,6 +52,23 @@ def test_generations_a_live_writer_cuts_get_runs_and_the_writer_is_never_fenced(
     table.close()
 
 
+def test_a_longer_run_retires_the_run_it_extends_and_readers_holding_that_one_stay_right(tmp_path):
+    table = _live_table(tmp_path)
+    reader = LsmTable.open(table.uri)
+    oracle: dict[int, int] = {}
+    for i in range(3):
+        batch = _batch(i * 250, i)
+        table.write(batch)
+        table.close()
+        oracle.update(zip(batch["id"].to_pylist(), batch["value"].to_pylist(), strict=True))
+        table.build_pending_runs()
+        read = reader.read()  # its cached runs are the ones the next build retires
+        assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == oracle
+        stored = [[f.name for f in table.handle.storage.list_files(f"{RUNS_DIR}/{s}")] for s in table.shard_ids]
+        assert all(len(names) == 1 for names in stored), stored  # only the newest run of each shard
+    assert all(has_pending_run(table.handle, s) for s in table.shards())
+
+
 def test_a_failed_round_is_reported_and_the_next_one_builds_the_runs(tmp_path):
     table = _live_table(tmp_path)
     blocker = Path(table.uri, RUNS_DIR)
