@@ -14,9 +14,10 @@ One pass over the shards being merged, top to bottom:
    take generations shard after shard until ``max_rows_per_pass`` rows are
    collected (always at least one generation). Directory listings are never
    used, so orphan directories are never read, and other generations
-   flushed while we merge wait for the next call. With ``runs_only`` (beside live writers, whose keeper
-   builds runs), once a run is merged, generations without one wait for the
-   next call too: every merge stays join-free.
+   flushed while we merge wait for the next call. With ``runs_only``
+   (beside live writers, whose keeper builds runs), once a run is merged,
+   generations without one wait for the next call too: every merge stays
+   join-free.
 3. Resolve newest-wins per key: later generations win; within a generation
    the later row wins (a run is already resolved). ``_tombstone`` rows
    become deletes. A key lives in one shard, so shards never compete for a key.
