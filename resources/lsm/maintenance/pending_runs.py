@@ -84,7 +84,11 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
     previous = {state.shard_id: run for state, (run, _) in zip(states, found, strict=True)}
     stale = [state for state, (_, current) in zip(states, found, strict=True) if not current]
     # A shard a merge took part of has no run to extend: the run it merged from lends the base rows it found.
-    lenders = {state.shard_id: handle.runs.partly_merged(state) for state in stale if previous[state.shard_id] is None}
+    lenders = {
+        state.shard_id: lender
+        for state in stale
+        if previous[state.shard_id] is None and (lender := handle.runs.partly_merged(state)) is not None
+    }
     runs = handle.retrying(
         lambda: build_runs(
             handle.storage,
@@ -92,7 +96,7 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
             stale,
             list(handle.primary_key),
             previous,
-            lenders={shard_id: run for shard_id, run in lenders.items() if run is not None},
+            lenders=lenders,
             fragments=present,
             session=handle.session,
             map=pool.map,

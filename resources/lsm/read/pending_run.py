@@ -281,12 +281,7 @@ def _lent_base_rows(
         return known
     live = dataset._take_rows(pa.array(candidates), columns=[ROW_ADDRESS]).column(ROW_ADDRESS).to_numpy()
     usable = (offered != NOT_IN_BASE) & np.isin(offered, live)
-    lent_to = missing[usable]
-    values = known.fill_null(NOT_IN_BASE).to_numpy().copy()
-    values[lent_to] = offered[usable]
-    still_missing = known.is_null().to_numpy(zero_copy_only=False)
-    still_missing[lent_to] = False
-    return pa.array(values, pa.uint64(), mask=still_missing)
+    return _placed(known, missing[usable], offered[usable])
 
 
 def _fill_base_rows(
@@ -298,9 +293,16 @@ def _fill_base_rows(
         return known
     index = BaseKeyIndex.of(storage, dataset)  # only when a key is looked up: opening it lists and maps files
     found = base_row_addresses(dataset, keys.take(missing), primary_key, index)
-    values = known.fill_null(0).to_numpy().copy()
-    values[missing] = found.fill_null(NOT_IN_BASE).to_numpy()
-    return pa.array(values, pa.uint64())
+    return _placed(known, missing, found.fill_null(NOT_IN_BASE).to_numpy())
+
+
+def _placed(known: pa.Array, at: np.ndarray, addresses: np.ndarray) -> pa.Array:
+    """``known`` (``uint64`` base rows) with ``addresses`` at positions ``at``; its other nulls stay null."""
+    values = known.fill_null(NOT_IN_BASE).to_numpy().copy()
+    values[at] = addresses
+    still_missing = known.is_null().to_numpy(zero_copy_only=False)
+    still_missing[at] = False
+    return pa.array(values, pa.uint64(), mask=still_missing)
 
 
 def store_run(storage: TableStorage, run: PendingRun) -> str:
