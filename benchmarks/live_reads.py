@@ -192,7 +192,7 @@ def write_live(
 def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
     """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
     sensor's runs merge them beside a writer run (only generations with a pending run). Writes each merge's
-    seconds and passes to ``<uri>/merges.json``."""
+    seconds (and how many of them tidied the base) and passes to ``<uri>/merges.json``."""
     table = LsmTable.open(uri)
     trigger = MergeTrigger()
     merges = []
@@ -203,7 +203,15 @@ def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
             result = table.compact(due, runs_only=True)
             passes = sum(s.passes for s in result.shards)
             joined = passes - sum(s.join_free_passes for s in result.shards)
-            merges.append({"seconds": time.perf_counter() - started, "passes": passes, "joining_passes": joined})
+            tidy = result.maintenance.elapsed_seconds if result.maintenance else 0.0
+            merges.append(
+                {
+                    "seconds": time.perf_counter() - started,
+                    "maintenance_seconds": tidy,
+                    "passes": passes,
+                    "joining_passes": joined,
+                }
+            )
     Path(uri, "merges.json").write_text(json.dumps(merges))
 
 
@@ -272,7 +280,8 @@ def render(results: dict[str, Any]) -> str:
     lines += [
         "",
         "| key | building runs, s per generation (16 pending) | writer with keeper / without "
-        "| run delay while live (max) | keeper round while live | merges while live (median / max s, joining passes) |",
+        "| run delay while live (max) | keeper round while live "
+        "| merges while live (median / max s, longest base tidying, joining passes) |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
@@ -291,8 +300,11 @@ def _merges_cell(merges: list[dict[str, float]]) -> str:
     if not merges:
         return "none"
     seconds = [m["seconds"] for m in merges]
+    tidying = max(m["maintenance_seconds"] for m in merges)
     joining = sum(int(m["joining_passes"]) for m in merges)
-    return f"{len(merges)}: {statistics.median(seconds):.1f} / {max(seconds):.1f} s, {joining}"
+    return (
+        f"{len(merges)}: {statistics.median(seconds):.1f} / {max(seconds):.1f} s (tidying {tidying:.1f} s), {joining}"
+    )
 
 
 def _read_cells(r: dict[str, float]) -> str:

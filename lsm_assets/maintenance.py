@@ -23,7 +23,7 @@ from .live_writers import live_writer_runs
 from .table_context import DEFAULT_TABLE, StepConfig, open_table, table_asset, version_metadata
 
 if TYPE_CHECKING:
-    from resources.lsm import LsmTable, ShardCompaction, ShardState
+    from resources.lsm import BaseMaintenance, LsmTable, ShardCompaction, ShardState
 
 
 class ShardsConfig(Config):
@@ -211,8 +211,25 @@ def merge_shards(
         "writer_runs_live": len(live_runs),
         "elapsed_s": round(result.elapsed_seconds, 3),
         "rows_per_s": round(rows / result.elapsed_seconds, 1) if result.elapsed_seconds else 0.0,
+        **_maintenance_numbers(context, result.maintenance),
     }
     return shard_metadata(per_shard, totals)
+
+
+def _maintenance_numbers(context: AssetExecutionContext, done: "BaseMaintenance | None") -> dict[str, float]:
+    """What tidying the base after the merge did and took (part of ``elapsed_s``); zeros when it did not run."""
+    if done is None:
+        return {"maintenance_s": 0.0, "fragments_rewritten": 0, "indexes_optimized": 0}
+    context.log.info(
+        f"base maintenance in {done.elapsed_seconds:.2f}s: {done.fragments_removed} fragments rewritten into "
+        f"{done.fragments_added}, indexes {'optimized' if done.indices_optimized else 'up to date'}"
+        + (" (pre-empted by a concurrent commit: the next merge tries again)" if done.skipped_by_conflict else "")
+    )
+    return {
+        "maintenance_s": round(done.elapsed_seconds, 3),
+        "fragments_rewritten": done.fragments_removed,
+        "indexes_optimized": int(done.indices_optimized),
+    }
 
 
 def _merge_numbers(shard: "ShardCompaction") -> dict[str, float]:

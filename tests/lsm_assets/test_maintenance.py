@@ -62,6 +62,7 @@ def test_flush_merge_and_gc_jobs_keep_the_view_and_report_numbers(make_table):
     assert metadata["generations_merged"] == sum(len(s.flushed_generations) for s in table.shards())
     assert sum(metadata[f"shard_{b}_generations_merged"] for b in range(4)) == metadata["generations_merged"]
     assert metadata["lag_generations"] == 0 and all(metadata[f"shard_{b}_lag_generations"] == 0 for b in range(4))
+    assert 0 < metadata["maintenance_s"] < metadata["elapsed_s"]  # tidying the base is part of the merge's time
     assert TableVersion.parse(metadata["table_version"]) > TableVersion.parse(after_flush)
     base = rows_by_key(table.dataset().to_table())  # unique keys in the base itself
     assert {k[0] for k in base} == set(oracle)

@@ -186,7 +186,9 @@ class BaseMaintenance:
     """What :func:`maintain_base` ran on the base table after merging.
 
     ``skipped_by_conflict`` is True when a concurrent commit pre-empted it; the
-    next compaction tries again.
+    next compaction tries again. ``elapsed_seconds`` is the whole of it: on a
+    large base, a rewrite of deletion-heavy fragments or an index rebuild can
+    take longer than the merge before it.
     """
 
     files_compacted: bool
@@ -195,6 +197,7 @@ class BaseMaintenance:
     indices_optimized: bool
     skipped_by_conflict: bool
     base_version: int
+    elapsed_seconds: float
 
 
 @dataclass(frozen=True)
@@ -595,6 +598,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
     compacted markers) unchanged. ``compact_files`` drops the MemWAL index
     catch-up record, so indexes are always optimized after it.
     """
+    started = time.monotonic()
     try:
         index_key_columns(dataset)
         files = None
@@ -606,7 +610,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
     except OSError as exc:
         if not _is_commit_conflict(exc):
             raise
-        return BaseMaintenance(False, 0, 0, False, True, dataset.version)
+        return BaseMaintenance(False, 0, 0, False, True, dataset.version, time.monotonic() - started)
     return BaseMaintenance(
         files_compacted=files is not None,
         fragments_removed=files.fragments_removed if files else 0,
@@ -614,6 +618,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         indices_optimized=optimize,
         skipped_by_conflict=False,
         base_version=dataset.latest_version,  # the dataset's own store: no storage options lost
+        elapsed_seconds=time.monotonic() - started,
     )
 
 

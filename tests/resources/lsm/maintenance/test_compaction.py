@@ -271,6 +271,7 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
     result = table.compact(max_rows_per_pass=250, maintenance=MaintenancePolicy(max_small_fragments=2))
 
     assert result.maintenance.files_compacted and result.maintenance.indices_optimized
+    assert 0 < result.maintenance.elapsed_seconds < result.elapsed_seconds
     base = table.dataset()
     assert base.version == result.maintenance.base_version
     assert len(base.get_fragments()) <= 2
