@@ -329,7 +329,9 @@ def main() -> None:
 
     def measure(uri: str, kind: str, _scratch: Path) -> dict[str, Any]:
         pending = measure_pending(uri, kind, args, np.random.default_rng(11))
-        return {"pending": pending, "live": during_ingestion(uri, kind, args)}
+        live = during_ingestion(uri, kind, args)
+        print(kind, "live", json.dumps(live, default=lambda v: round(v, 3)), flush=True)  # kept if a later kind fails
+        return {"pending": pending, "live": live}
 
     results: dict[str, Any] = {
         "rows": args.rows,
