@@ -107,18 +107,6 @@ class MaintenancePolicy:
     max_deleted_fraction
         Run ``compact_files`` when more than this fraction of the base's
         physical rows are deleted (updates delete the old row too).
-    target_rows_per_fragment
-        ``compact_files`` writes fragments of about this many rows.
-    rewrite_rows_per_changed_row
-        A merge's ``compact_files`` rewrites at most this many rows per row
-        the merge changed (never fewer than one group of fragments Lance
-        rewrites together), oldest fragments first; the rest wait for later
-        merges. Random upserts delete rows from every fragment at the same
-        pace, so without a bound the merge that crosses the deletion
-        threshold rewrites most of the base (64Mi rows beside a writer:
-        190-200 s, against 7-9 s for the merges around it). Lance rewrites
-        a fragment once a tenth of it is deleted, about ten rows per changed
-        row, so 16 keeps up.
     min_unindexed_rows
         Run ``optimize_indices`` when an index misses at least this many rows.
         0 (default) optimizes after every merge: cheap when nothing is
@@ -140,8 +128,6 @@ class MaintenancePolicy:
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
     max_deleted_fraction: float = 0.1
-    target_rows_per_fragment: int = 1024 * 1024
-    rewrite_rows_per_changed_row: float = 16.0
     min_unindexed_rows: int = 0
     max_index_deltas: int = 4
     max_index_delta_fraction: float = 0.25
@@ -323,8 +309,7 @@ def compact(
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
-    changed = sum(s.rows_upserted + s.deletes_applied for s in shards)
-    tidy = maintain_base(table.dataset(), maintenance, changed) if merged and maintenance else None
+    tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
     return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
 
 
@@ -606,26 +591,19 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
     return f"concat({', '.join(parts)}) IN ({', '.join(sql_literal(e) for e in encoded)})"
 
 
-def maintain_base(
-    dataset: lance.LanceDataset, policy: MaintenancePolicy, changed_rows: int | None = None
-) -> BaseMaintenance:
+def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> BaseMaintenance:
     """Compact small or deletion-heavy fragments, then bring indexes up to date.
 
     Both steps are ordinary Lance commits that leave the table's rows (and the
     compacted markers) unchanged. ``compact_files`` drops the MemWAL index
-    catch-up record, so indexes are always optimized after it. After a merge
-    of ``changed_rows`` rows, the rows it rewrites are bounded by
-    ``policy.rewrite_rows_per_changed_row`` (``None``: every fragment due).
+    catch-up record, so indexes are always optimized after it.
     """
     started = time.monotonic()
     try:
         index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
-            files = dataset.optimize.compact_files(
-                target_rows_per_fragment=policy.target_rows_per_fragment,
-                max_source_rows=_rewrite_budget(dataset, policy, changed_rows),
-            )
+            files = dataset.optimize.compact_files()
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
             _optimize_indices(dataset, policy)
@@ -666,19 +644,6 @@ def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolic
     physical = sum(f.physical_rows for f in fragments)
     deleted = sum(f.deletion_file.num_deleted_rows or 0 for f in fragments if f.deletion_file)
     return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
-
-
-def _rewrite_budget(dataset: lance.LanceDataset, policy: MaintenancePolicy, changed_rows: int | None) -> int | None:
-    """Live rows ``compact_files`` may rewrite after a merge of ``changed_rows`` (``None``: no bound).
-
-    Lance groups neighbouring fragments into tasks until a task reaches its
-    target fragment size, and takes a task only if it fits the budget: a
-    target plus the largest fragment always fits one, so every call makes progress.
-    """
-    if changed_rows is None:
-        return None
-    largest = max((f.physical_rows for f in dataset.get_fragments()), default=0)
-    return max(int(policy.rewrite_rows_per_changed_row * changed_rows), policy.target_rows_per_fragment + largest)
 
 
 def _user_indices(dataset: lance.LanceDataset) -> list[str]:

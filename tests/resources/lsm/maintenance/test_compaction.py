@@ -282,47 +282,6 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
     assert_view(table, batches)
 
 
-def _events(ids: range, amount: float) -> pa.Table:
-    return pa.table(
-        {
-            "id": list(ids),
-            "customer": [f"c{i}" for i in ids],
-            "amount": [amount] * len(ids),
-            "status": ["new"] * len(ids),
-        },
-        schema=EVENTS_SCHEMA,
-    )
-
-
-def test_merges_rewrite_deletion_heavy_fragments_within_a_budget_that_follows_their_change(tmp_path):
-    # 24 base fragments of 500 rows; the first merge updates every fifth key, so every fragment is due at once.
-    table = LsmTable.create(str(tmp_path / "t.lance"), EVENTS_SCHEMA, ["id"], num_shards=2)
-    lance.write_dataset(_events(range(12_000), 0.0), table.uri, mode="append", max_rows_per_file=500)
-    target = 1000
-    policy = MaintenancePolicy(
-        small_fragment_rows=100, target_rows_per_fragment=target, rewrite_rows_per_changed_row=1.0
-    )
-    oracle = dict.fromkeys(range(12_000), 0.0)
-
-    rewritten = []
-    for ids in [range(0, 12_000, 5), *(range(i, i + 12_000, 1000) for i in range(1, 12))]:  # 2,400 rows, then 12s
-        before = {f.fragment_id: f.count_rows() for f in table.dataset().get_fragments()}
-        largest = max(len(ids), *(f.metadata.physical_rows for f in table.dataset().get_fragments()))
-        table.write(_events(ids, 1.0))
-        table.close()
-        oracle.update(dict.fromkeys(ids, 1.0))
-        table.compact(maintenance=policy)
-        after = {f.fragment_id for f in table.dataset().get_fragments()}
-        rewritten.append(sum(rows for fragment, rows in before.items() if fragment not in after))
-        # The changed rows' worth, or one group of fragments Lance rewrites together (a target plus a fragment).
-        assert rewritten[-1] <= max(len(ids), target + largest)
-
-    assert 0 < rewritten[0] < 4800  # due fragments were rewritten, not all 9,600 of their live rows
-    assert sum(1 for rows in rewritten if rows) >= 3  # the rest followed in later merges
-    assert {r["id"]: r["amount"] for r in table.read(columns=["id", "amount"]).to_pylist()} == oracle
-    assert_base_sane(table.uri)
-
-
 @pytest.mark.parametrize("delta_fraction, most_segments", [(1.0, 3), (0.0, 2)])
 def test_each_merge_indexes_only_its_rows_and_merges_index_deltas_occasionally(tmp_path, delta_fraction, most_segments):
     # delta_fraction 1.0: deltas never outgrow the base's segment, so they are only merged
