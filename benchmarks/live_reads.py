@@ -274,7 +274,7 @@ def render(results: dict[str, Any]) -> str:
             for name in ("no_runs", "runs"):
                 r = state[name]
                 lines.append(f"| {kind} | {pending} | {name.replace('_', ' ')} | {_read_cells(r)} |")
-        for name in ("reads", "reads_later"):
+        for name in ("reads", "reads_later") if "live" in found else ():
             r = found["live"][name]
             lines.append(f"| {kind} | live | writer busy {r['writer_seconds']:.0f} s | {_read_cells(r)} |")
     lines += [
@@ -286,6 +286,9 @@ def render(results: dict[str, Any]) -> str:
     ]
     for kind, found in results["kinds"].items():
         build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
+        if "live" not in found:
+            lines.append(f"| {kind} | {build:.3f} | not measured | | | |")
+            continue
         live = found["live"]
         keeper = live["keeper_while_reading"]
         delay, round_s = keeper.get("max_run_delay_s", 0.0), keeper.get("seconds_per_round", 0.0)
@@ -327,19 +330,22 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    def measure(uri: str, kind: str, _scratch: Path) -> dict[str, Any]:
-        pending = measure_pending(uri, kind, args, np.random.default_rng(11))
-        live = during_ingestion(uri, kind, args)
-        print(kind, "live", json.dumps(live, default=lambda v: round(v, 3)), flush=True)  # kept if a later kind fails
-        return {"pending": pending, "live": live}
-
     results: dict[str, Any] = {
         "rows": args.rows,
         "generation_rows": args.generation_rows,
         "live_rows_per_s": args.live_rows_per_s,
-        "kinds": on_each_base(args, measure),
+        "kinds": {},
     }
-    save_results(results, render(results), args.out)
+
+    def measure(uri: str, kind: str, _scratch: Path) -> dict[str, Any]:
+        # Saved after each phase: a run stopped later (out of memory, out of time) keeps what it measured.
+        found = results["kinds"][kind] = {"pending": measure_pending(uri, kind, args, np.random.default_rng(11))}
+        save_results(results, render(results), args.out)
+        found["live"] = during_ingestion(uri, kind, args)
+        save_results(results, render(results), args.out)
+        return found
+
+    on_each_base(args, measure)
 
 
 if __name__ == "__main__":
