@@ -192,7 +192,8 @@ def write_live(
 def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
     """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
     sensor's runs merge them beside a writer run (only generations with a pending run). Writes each merge's
-    seconds (and how many of them tidied the base) and passes to ``<uri>/merges.json``."""
+    seconds (how many of them tidied the base, what that rewrote, whether a concurrent commit pre-empted it) and
+    passes to ``<uri>/merges.json``."""
     table = LsmTable.open(uri)
     trigger = MergeTrigger()
     merges = []
@@ -203,11 +204,13 @@ def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
             result = table.compact(due, runs_only=True)
             passes = sum(s.passes for s in result.shards)
             joined = passes - sum(s.join_free_passes for s in result.shards)
-            tidy = result.maintenance.elapsed_seconds if result.maintenance else 0.0
+            tidy = result.maintenance
             merges.append(
                 {
                     "seconds": time.perf_counter() - started,
-                    "maintenance_seconds": tidy,
+                    "maintenance_seconds": tidy.elapsed_seconds if tidy else 0.0,
+                    "fragments_rewritten": tidy.fragments_removed if tidy else 0,
+                    "tidying_pre_empted": bool(tidy and tidy.skipped_by_conflict),
                     "passes": passes,
                     "joining_passes": joined,
                 }
