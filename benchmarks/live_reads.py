@@ -29,7 +29,10 @@ alternating pairs):
    (from 10 s after the writer started, then right after), the runs' longest
    delay behind the generations, the keeper's mean round and the merges'
    durations; then the writer's throughput with and without the keeper, in
-   alternating runs of ``--writer-batches`` puts as fast as it can.
+   alternating runs of ``--writer-batches`` puts as fast as it can. The live
+   writer waits for merge capacity before each put, as a continuous ingestion
+   run does before each micro-batch (the seconds it waited are recorded), and
+   each process's peak resident memory is recorded.
 
 Results: ``benchmarks/results/live_reads.{json,md}`` (``--out``).
 """
@@ -64,8 +67,9 @@ from benchmarks.scale import (
 )
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.maintenance.backpressure import await_merge_capacity
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
-from resources.lsm.maintenance.policy import MergeTrigger
+from resources.lsm.maintenance.policy import BackpressurePolicy, MergeTrigger
 
 PENDING = (1, 4, 16)
 SHARDS = 4
@@ -156,8 +160,10 @@ def write_live(
 
     ``rate`` caps the rows written per second: a steady stream, each put of
     keys drawn anew (most never written before, as in a change stream over a
-    large table). ``None`` writes as fast as it can, cycling through 40 puts
-    made ahead, so that only writing is timed.
+    large table), each waiting first for merge capacity as a continuous
+    ingestion run's micro-batches do (:func:`await_merge_capacity`, the
+    default :class:`BackpressurePolicy`). ``None`` writes as fast as it can,
+    cycling through 40 puts made ahead, so that only writing is timed.
 
     With ``keep_runs`` a :class:`PendingRunKeeper` builds the runs of the
     generations the writers cut. Writes its rows/s (and the keeper's work) to
@@ -167,17 +173,20 @@ def write_live(
     rng = np.random.default_rng(7)
     made_ahead = min(batches, 40) if rate is None else 0
     ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
-    written = 0
+    written, stalled = 0, 0.0
+    backpressure = BackpressurePolicy(max_wait_seconds=3600.0)
     with PendingRunKeeper(table.handle) if keep_runs else nullcontext() as keeper:
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
+            if rate is not None:
+                stalled += await_merge_capacity(table.handle, backpressure, log=lambda _: None)
             table.write(ahead[written % len(ahead)] if ahead else rows_for(kind, rng.integers(0, rows, size), rng))
             written += 1
             if rate is not None:
                 time.sleep(max(0.0, started + written * size / rate - time.perf_counter()))
         elapsed = time.perf_counter() - started
     table.close()
-    result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written}
+    result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written, "backpressure_s": stalled}
     if isinstance(keeper, PendingRunKeeper):
         stats = keeper.stats
         result |= {
@@ -218,6 +227,13 @@ def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
     Path(uri, "merges.json").write_text(json.dumps(merges))
 
 
+def peak_rss_gb(pid: int | None) -> float:
+    """The peak resident memory of process ``pid`` (``None``: this one) so far, in GB (Linux's ``VmHWM``)."""
+    status = Path(f"/proc/{pid or 'self'}/status").read_text()
+    kilobytes = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(kilobytes) / 1e6
+
+
 def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """Reads while a writer process streams changes, then the writer's throughput with and without the keeper."""
     rows, size, repeat = args.rows, args.generation_rows, args.repeat
@@ -234,6 +250,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     for _ in range(2):  # its first minutes, then once merges took some of its changes in
         writing_for = time.monotonic() - started
         live.append(reads(uri, kind, repeat, args.live_probes) | {"writer_seconds": writing_for})
+    peaks = {role: peak_rss_gb(pid) for role, pid in (("reader", None), ("writer", writer.pid), ("merger", merger.pid))}
     stop.set()
     writer.join()
     merger.join()
@@ -252,6 +269,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
         "reads_later": live[1],
         "keeper_while_reading": keeper,
         "merges_while_reading": merges,
+        "peak_rss_gb": peaks,
         "writer_rows_per_s_with_keeper": with_keeper,
         "writer_rows_per_s_without_keeper": without,
         "keeper_throughput_ratio": with_keeper / without,
@@ -284,20 +302,22 @@ def render(results: dict[str, Any]) -> str:
         "",
         "| key | building runs, s per generation (16 pending) | writer with keeper / without "
         "| run delay while live (max) | keeper round while live "
-        "| merges while live (median / max s, longest base tidying, joining passes) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| merges while live (median / max s, longest base tidying, joining passes) "
+        "| live writer held by backpressure | peak RSS reader / writer / merger |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
         build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
         if "live" not in found:
-            lines.append(f"| {kind} | {build:.3f} | not measured | | | |")
+            lines.append(f"| {kind} | {build:.3f} | not measured | | | | | |")
             continue
         live = found["live"]
         keeper = live["keeper_while_reading"]
         delay, round_s = keeper.get("max_run_delay_s", 0.0), keeper.get("seconds_per_round", 0.0)
         lines.append(
             f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {round_s:.2f} s "
-            f"| {_merges_cell(live.get('merges_while_reading', []))} |"
+            f"| {_merges_cell(live.get('merges_while_reading', []))} | {_stall_cell(keeper)} "
+            f"| {_peaks_cell(live.get('peak_rss_gb'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -311,6 +331,16 @@ def _merges_cell(merges: list[dict[str, float]]) -> str:
     return (
         f"{len(merges)}: {statistics.median(seconds):.1f} / {max(seconds):.1f} s (tidying {tidying:.1f} s), {joining}"
     )
+
+
+def _stall_cell(writer: dict[str, float]) -> str:
+    if "backpressure_s" not in writer:
+        return "not applied"
+    return f"{writer['backpressure_s']:.0f} s ({writer['rows_per_s']:,.0f} rows/s written)"
+
+
+def _peaks_cell(peaks: dict[str, float] | None) -> str:
+    return "not measured" if peaks is None else " / ".join(f"{peaks[role]:.1f}" for role in peaks) + " GB"
 
 
 def _read_cells(r: dict[str, float]) -> str:
