@@ -2,14 +2,15 @@
 
     .venv/bin/python benchmarks/live_reads.py                       # 64Mi rows, int64 / string / composite keys
     .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1   # smoke run
+    .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16    # one kind, one state, then live
 
 Per key kind, on a base of ``--rows`` rows (``benchmarks/scale.py``'s tables,
 built once under ``--data``, cloned by hard links), 4 shards, side by side
 with plain Lance on the same base in one run (medians of ``--repeat``
 alternating pairs):
 
-1. Generations just cut, before any run exists, with 1, 4 and 16 pending
-   generations per shard, each write of ``--generation-rows`` random upserts
+1. Generations just cut, before any run exists, with ``--pending`` (1, 4
+   and 16) pending generations per shard, each write of ``--generation-rows`` random upserts
    over the shards (5% new keys; ``scale.py``'s rows): the merged scan
    (``LsmTable.scanner()`` drained) against the base's ``to_batches()``,
    the first scan of a reader just opened
@@ -71,7 +72,6 @@ from resources.lsm.maintenance.backpressure import await_merge_capacity
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
 from resources.lsm.maintenance.policy import BackpressurePolicy, MergeTrigger
 
-PENDING = (1, 4, 16)
 SHARDS = 4
 
 
@@ -130,7 +130,7 @@ def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.rando
     table = LsmTable.open(uri)
     states: dict[str, Any] = {}
     cut = 0
-    for pending in PENDING:
+    for pending in args.pending:
         add_generations(table, kind, args.rows, pending - cut, args.generation_rows, rng)
         cut = pending
         without = reads(uri, kind, args.repeat, args.probes)  # through a table object opened now: no run cached
@@ -300,14 +300,15 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {kind} | live | writer busy {r['writer_seconds']:.0f} s | {_read_cells(r)} |")
     lines += [
         "",
-        "| key | building runs, s per generation (16 pending) | writer with keeper / without "
+        "| key | building runs, s per generation (most pending) | writer with keeper / without "
         "| run delay while live (max) | keeper round while live "
         "| merges while live (median / max s, longest base tidying, joining passes) "
         "| live writer held by backpressure | peak RSS reader / writer / merger |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
-        build = found["pending"][str(PENDING[-1])]["build_s_per_generation"]
+        most = max(found["pending"], key=int)
+        build = found["pending"][most]["build_s_per_generation"]
         if "live" not in found:
             lines.append(f"| {kind} | {build:.3f} | not measured | | | | | |")
             continue
@@ -354,6 +355,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_base_arguments(parser, "live_reads")
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
+    parser.add_argument(
+        "--pending",
+        type=lambda text: sorted(int(n) for n in text.split(",")),
+        default=[1, 4, 16],
+        help="pending generations per shard measured before the live phase, comma-separated (default 1,4,16)",
+    )
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
     parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
     parser.add_argument("--live-probes", type=int, default=300, help="fresh lookups per side beside the writer")

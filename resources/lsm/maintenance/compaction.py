@@ -78,6 +78,7 @@ from ..read.dedup import keep_last_per_key
 from ..read.deletion_vector import fragment_ids
 from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
+from ..read.key_hash_files import write_key_hashes_of_written
 from ..read.pending_run import NOT_IN_BASE, PendingRun
 from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
@@ -534,7 +535,11 @@ def _commit_passes(
         operation = data_from_runs(
             base, superseded, upserts, storage_options=table.storage_options, session=table.session
         )
-        return commit_data(base, operation, claims), sum(p.base_rows_deleted for p in passes)
+        version = commit_data(base, operation, claims)
+        # Reads of the new version find its rows through the key index at once (the keeper would read them back).
+        committed = base.checkout_version(version)
+        write_key_hashes_of_written(table.storage, committed, operation.new_fragments, upserts, list(table.primary_key))
+        return version, sum(p.base_rows_deleted for p in passes)
     builder = _merge_insert(base, list(table.primary_key), passes, upserts)
     if not present:
         builder = builder.mark_sstables_as_compacted([CompactedSsTable(s, g) for s, g in claims.items()])

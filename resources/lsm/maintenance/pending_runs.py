@@ -25,15 +25,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import lance
-
-from ..format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR
 from ..format.shard_state import ShardState, generation_flush_time_ns
-from ..format.storage import TableStorage
 from ..handle import TableHandle
 from ..read.deletion_vector import fragment_ids
-from ..read.key_hash_files import write_missing_key_hashes
-from ..read.key_sets import joinable
+from ..read.key_hash_files import key_files, write_missing_key_hashes
 from ..read.level_readers import level_readers
 from ..read.pending_run import PendingRun, build_runs, run_path, store_run
 
@@ -42,16 +37,6 @@ def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
     """Whether a run over all of ``state``'s pending generations is stored (``True`` if none is pending)."""
     pending = state.pending_generations
     return not pending or handle.storage.exists(run_path(state.shard_id, pending))
-
-
-def key_files(storage: TableStorage, dataset: lance.LanceDataset) -> tuple[str, ...]:
-    """The kinds of key file (directories) the base's fragments get: each kind where some read uses it.
-
-    Lookups take the key index on local storage (memory-mapped); scans of a
-    table with a nested column, which cannot join keys, take the per-row hashes.
-    """
-    kinds = (KEY_INDEX_DIR,) if storage.is_local else ()
-    return kinds if joinable(dataset.schema) else (*kinds, KEY_HASHES_DIR)
 
 
 def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[PendingRun]:

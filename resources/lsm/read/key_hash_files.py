@@ -28,14 +28,18 @@ and kept alike (:func:`key_hash_file` with the kind's directory).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 import lance
 import numpy as np
+import pyarrow as pa
+from lance.fragment import FragmentMetadata
 
 from ..format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR
 from ..format.storage import TableStorage
 from .key_hashes import key_hashes
+from .key_sets import joinable
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,16 @@ def stored_key_hash_files(storage: TableStorage, directory: str = KEY_HASHES_DIR
     return {f"{directory}/{entry.name}" for entry in storage.list_files(directory)}
 
 
+def key_files(storage: TableStorage, dataset: lance.LanceDataset) -> tuple[str, ...]:
+    """The kinds of key file (directories) the base's fragments get: each kind where some read uses it.
+
+    Lookups take the key index on local storage (memory-mapped); scans of a
+    table with a nested column, which cannot join keys, take the per-row hashes.
+    """
+    kinds = (KEY_INDEX_DIR,) if storage.is_local else ()
+    return kinds if joinable(dataset.schema) else (*kinds, KEY_HASHES_DIR)
+
+
 def write_missing_key_hashes(
     storage: TableStorage,
     dataset: lance.LanceDataset,
@@ -77,14 +91,54 @@ def write_missing_key_hashes(
     stored = set().union(*(stored_key_hash_files(storage, directory) for directory in directories))
     written = 0
     for fragment in dataset.get_fragments():
-        missing = [d for d in directories if key_hash_file(fragment, d) not in stored]
+        missing = tuple(d for d in directories if key_hash_file(fragment, d) not in stored)
         hashes = computed_key_hashes(dataset, fragment, primary_key) if missing else None
-        if hashes is None:
-            continue
-        for directory in missing:
-            storage.write_bytes_atomic(key_hash_file(fragment, directory), _ENCODINGS[directory](hashes))
-            written += 1
+        if hashes is not None:
+            written += _write_key_files(storage, fragment, hashes, missing)
     return written
+
+
+def write_key_hashes_of_written(
+    storage: TableStorage,
+    committed: lance.LanceDataset,
+    written: Sequence[FragmentMetadata],
+    rows: pa.Table,
+    primary_key: list[str],
+) -> int:
+    """Store the key files of fragments just written from ``rows`` (in order), as ``committed`` numbered them.
+
+    ``written`` are the fragments ``write_fragments`` made of ``rows``, whose
+    rows they hold in that order; ``committed`` is a version that holds them.
+    The hashes come from ``rows``, so no key column is read back: a merge
+    that wrote them stores their key files at once, and reads of the new
+    version find its rows through the key index
+    (:mod:`~resources.lsm.read.base_key_index`) instead of Lance's query until
+    the next build of pending runs read the keys back. Returns the files
+    written (the kinds :func:`key_files` names).
+    """
+    directories = key_files(storage, committed)
+    if not directories or not written:
+        return 0
+    by_first_file = {f.data_files()[0].path: f for f in committed.get_fragments()}
+    stored_as = pa.schema([committed.schema.field(name) for name in primary_key])
+    hashes = key_hashes(rows.select(primary_key).cast(stored_as), primary_key)
+    files, start = 0, 0
+    for metadata in written:
+        end = start + metadata.physical_rows
+        fragment = by_first_file.get(metadata.files[0].path)
+        if fragment is not None:  # else not committed after all: nothing reads it
+            files += _write_key_files(storage, fragment, hashes[start:end], directories)
+        start = end
+    return files
+
+
+def _write_key_files(
+    storage: TableStorage, fragment: lance.LanceFragment, hashes: np.ndarray, directories: tuple[str, ...]
+) -> int:
+    """Store ``fragment``'s key files of each kind from ``hashes`` (one per physical row, in order), atomically."""
+    for directory in directories:
+        storage.write_bytes_atomic(key_hash_file(fragment, directory), _ENCODINGS[directory](hashes))
+    return len(directories)
 
 
 def _row_hashes(hashes: np.ndarray) -> bytes:

@@ -11,6 +11,7 @@ import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR
+from resources.lsm.maintenance.compaction import compact
 from resources.lsm.read import base_key_index
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.deletion_vector import base_row_addresses
@@ -108,6 +109,29 @@ def test_runs_and_counts_find_each_keys_live_base_row_through_the_key_index(tmp_
     table.write(keys.append_column("_op", pa.array(["delete"] * keys.num_rows)))
     assert LsmTable.open(table.uri).count() == 2000 - (keys.num_rows - 2)
     assert used == [1, 1]
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEMAS))
+def test_a_merge_from_runs_stores_the_key_index_of_the_fragments_it_writes(tmp_path, kind, monkeypatch):
+    """Before any run build reads their keys back: the files reading them back would store, byte for byte."""
+    table = make_table(str(tmp_path / "t.lance"), kind)
+    table.write(rows(kind, [*range(0, 2000, 3), *range(2000, 2100)], 1))  # updates and new keys
+    table.close()
+    table.build_pending_runs()  # the merge below is then join-free
+    result = compact(table.handle, table.handle.shard_ids, maintenance=None)
+    assert sum(s.join_free_passes for s in result.shards) == sum(s.passes for s in result.shards) > 0
+    dataset = lance.dataset(table.uri)
+    storage = table.handle.storage
+    paths = [key_hash_file(fragment, KEY_INDEX_DIR) for fragment in dataset.get_fragments()]
+    stored = {path: storage.read_bytes(path) for path in paths}
+    for path in paths:
+        storage.delete_file(path)
+    assert write_missing_key_hashes(storage, dataset, KEYS[kind], (KEY_INDEX_DIR,)) == len(paths)
+    assert {path: storage.read_bytes(path) for path in paths} == stored
+    used = index_used(monkeypatch)
+    found = LsmTable.open(table.uri).lookup([dict(zip(KEYS[kind], key_of(kind, i), strict=True)) for i in (3, 4, 2050)])
+    assert sorted(found["value"].to_pylist()) == [0, 1, 1]
+    assert used == [1]
 
 
 @pytest.mark.parametrize("asked", ["k00009", "k99999"])
