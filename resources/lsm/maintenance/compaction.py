@@ -78,7 +78,7 @@ from ..read.dedup import keep_last_per_key
 from ..read.deletion_vector import fragment_ids
 from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
-from ..read.key_hash_files import write_key_hashes_of_written
+from ..read.key_hash_files import key_files, write_key_hashes_of_written, write_missing_key_hashes
 from ..read.pending_run import NOT_IN_BASE, PendingRun
 from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
 from .policy import DEFAULT_MAX_ROWS_PER_PASS
@@ -279,7 +279,8 @@ def compact(
     Guarantees: the merged view (``LsmTable.read()``) is the same before, during
     and after the call, and after a crash at any point; each generation is
     applied to the base exactly once. Base maintenance runs once at the end
-    if anything was merged (``maintenance=None`` disables it).
+    if anything was merged (``maintenance=None`` disables it); fragments it
+    rewrote get their key files (:mod:`~resources.lsm.read.key_hash_files`) at once.
 
     Raises
     ------
@@ -311,6 +312,10 @@ def compact(
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
     tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
+    if tidy is not None and tidy.files_compacted:
+        # The rewritten fragments' key indexes, read back now: reads and run builds search them, not Lance's query.
+        base = table.dataset()
+        write_missing_key_hashes(table.storage, base, list(table.primary_key), key_files(table.storage, base))
     return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
 
 

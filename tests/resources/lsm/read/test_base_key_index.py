@@ -11,7 +11,7 @@ import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR
-from resources.lsm.maintenance.compaction import compact
+from resources.lsm.maintenance.compaction import MaintenancePolicy, compact
 from resources.lsm.read import base_key_index
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.deletion_vector import base_row_addresses
@@ -131,6 +131,19 @@ def test_a_merge_from_runs_stores_the_key_index_of_the_fragments_it_writes(tmp_p
     used = index_used(monkeypatch)
     found = LsmTable.open(table.uri).lookup([dict(zip(KEYS[kind], key_of(kind, i), strict=True)) for i in (3, 4, 2050)])
     assert sorted(found["value"].to_pylist()) == [0, 1, 1]
+    assert used == [1]
+
+
+def test_fragments_a_merges_tidy_up_rewrote_get_their_key_index_with_it(table, monkeypatch):
+    table.write(rows("string", range(0, 2000, 2), 1))
+    table.close()
+    tidy = MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30)  # rewrite every fragment
+    result = compact(table.handle, table.handle.shard_ids, maintenance=tidy)
+    assert result.maintenance is not None and result.maintenance.fragments_removed > 0
+    dataset = lance.dataset(table.uri)
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is not None  # every fragment has its index
+    used = index_used(monkeypatch)
+    assert LsmTable.open(table.uri).lookup(["k00002", "k00003"])["value"].to_pylist() == [1, 0]
     assert used == [1]
 
 
