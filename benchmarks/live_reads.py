@@ -29,7 +29,8 @@ alternating pairs):
    scan, ``count()`` and lookups (``--live-probes``) against the base, twice
    (from 10 s after the writer started, then right after), the runs' longest
    delay behind the generations, the keeper's mean round and the merges'
-   durations; then the writer's throughput with and without the keeper, in
+   durations and starts (against the writer's start, as the reads' spans are);
+   then the writer's throughput with and without the keeper, in
    alternating runs of ``--writer-batches`` puts as fast as it can. The live
    writer waits for merge capacity before each put, as a continuous ingestion
    run does before each micro-batch (the seconds it waited are recorded), and
@@ -212,8 +213,9 @@ def wait_for_merge_capacity(table: LsmTable, stop: EventType) -> float:
 def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
     """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
     sensor's runs merge them beside a writer run (only generations with a pending run). Writes each merge's
-    seconds (how many of them tidied the base, what that rewrote, whether a concurrent commit pre-empted it) and
-    passes to ``<uri>/merges.json``."""
+    start (seconds after the merger's), seconds (how many of them tidied the base, what that rewrote, whether a
+    concurrent commit pre-empted it) and passes to ``<uri>/merges.json``."""
+    began = time.perf_counter()
     table = LsmTable.open(uri)
     trigger = MergeTrigger()
     merges = []
@@ -227,6 +229,7 @@ def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
             tidy = result.maintenance
             merges.append(
                 {
+                    "started_s": started - began,
                     "seconds": time.perf_counter() - started,
                     "maintenance_seconds": tidy.elapsed_seconds if tidy else 0.0,
                     "fragments_rewritten": tidy.fragments_removed if tidy else 0,
@@ -260,7 +263,8 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live = []
     for _ in range(2):  # its first minutes, then once merges took some of its changes in
         writing_for = time.monotonic() - started
-        live.append(reads(uri, kind, repeat, args.live_probes) | {"writer_seconds": writing_for})
+        measured = reads(uri, kind, repeat, args.live_probes)
+        live.append(measured | {"writer_seconds": writing_for, "until_writer_seconds": time.monotonic() - started})
     peaks = {role: peak_rss_gb(pid) for role, pid in (("reader", None), ("writer", writer.pid), ("merger", merger.pid))}
     stop.set()
     writer.join()
@@ -308,7 +312,9 @@ def render(results: dict[str, Any]) -> str:
                 lines.append(f"| {kind} | {pending} | {name.replace('_', ' ')} | {_read_cells(r)} |")
         for name in ("reads", "reads_later") if "live" in found else ():
             r = found["live"][name]
-            lines.append(f"| {kind} | live | writer busy {r['writer_seconds']:.0f} s | {_read_cells(r)} |")
+            until = f"-{r['until_writer_seconds']:.0f}" if "until_writer_seconds" in r else ""
+            span = f"{r['writer_seconds']:.0f}{until}"
+            lines.append(f"| {kind} | live | writer busy {span} s | {_read_cells(r)} |")
     lines += [
         "",
         "| key | building runs, s per generation (most pending) | writer with keeper / without "
