@@ -71,9 +71,11 @@ from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.backpressure import await_merge_capacity
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
-from resources.lsm.maintenance.policy import BackpressureError, BackpressurePolicy, MergeTrigger
+from resources.lsm.maintenance.policy import BackpressurePolicy, MergeTrigger
 
 SHARDS = 4
+BACKPRESSURE = BackpressurePolicy(max_wait_seconds=3600.0)
+"""What the live writer waits for before each put: a continuous run's default, waiting however long merges take."""
 
 
 def add_generations(table: LsmTable, kind: str, rows: int, count: int, size: int, rng: np.random.Generator) -> None:
@@ -162,8 +164,8 @@ def write_live(
     ``rate`` caps the rows written per second: a steady stream, each put of
     keys drawn anew (most never written before, as in a change stream over a
     large table), each waiting first for merge capacity as a continuous
-    ingestion run's micro-batches do (:func:`wait_for_merge_capacity`: the
-    default :class:`BackpressurePolicy`, until ``stop``). ``None`` writes as fast as it can,
+    ingestion run's micro-batches do (:func:`await_merge_capacity`, the
+    default threshold, until ``stop``). ``None`` writes as fast as it can,
     cycling through 40 puts made ahead, so that only writing is timed.
 
     With ``keep_runs`` a :class:`PendingRunKeeper` builds the runs of the
@@ -179,7 +181,7 @@ def write_live(
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
             if rate is not None and stop is not None:
-                stalled += wait_for_merge_capacity(table, stop)
+                stalled += await_merge_capacity(table.handle, BACKPRESSURE, log=lambda _: None, stopped=stop.is_set)
             table.write(ahead[written % len(ahead)] if ahead else rows_for(kind, rng.integers(0, rows, size), rng))
             written += 1
             if rate is not None:
@@ -196,18 +198,6 @@ def write_live(
             "seconds_per_round": stats.busy_seconds / max(1, stats.rounds),
         }
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
-
-
-def wait_for_merge_capacity(table: LsmTable, stop: EventType) -> float:
-    """Seconds spent waiting until every shard is below the default backpressure threshold, or ``stop`` is set."""
-    started, policy = time.monotonic(), BackpressurePolicy(mode="fail")
-    while not stop.is_set():
-        try:
-            await_merge_capacity(table.handle, policy)
-            break
-        except BackpressureError:
-            stop.wait(policy.poll_seconds)
-    return time.monotonic() - started
 
 
 def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:

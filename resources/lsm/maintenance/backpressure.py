@@ -15,8 +15,14 @@ from ..handle import TableHandle
 from .policy import BackpressureError, BackpressurePolicy
 
 
-def await_merge_capacity(table: TableHandle, policy: BackpressurePolicy, log: Callable[[str], None] = print) -> float:
-    """Return once every shard is below ``policy.stop_generations``; seconds waited.
+def await_merge_capacity(
+    table: TableHandle,
+    policy: BackpressurePolicy,
+    log: Callable[[str], None] = print,
+    stopped: Callable[[], bool] = lambda: False,
+) -> float:
+    """Return once every shard is below ``policy.stop_generations``, or once ``stopped()`` (asked at each poll)
+    says the caller has nothing more to write; seconds waited.
 
     Raises
     ------
@@ -31,7 +37,7 @@ def await_merge_capacity(table: TableHandle, policy: BackpressurePolicy, log: Ca
             for s in table.shard_states()
             if len(s.pending_generations) >= policy.stop_generations
         }
-        if not behind:
+        if not behind or stopped():
             return time.monotonic() - started
         message = (
             f"backpressure: shards {sorted(behind)} have {behind} generations awaiting merge "

@@ -126,7 +126,7 @@ def write_key_hashes_of_written(
     for metadata in written:
         end = start + metadata.physical_rows
         fragment = by_first_file.get(metadata.files[0].path)
-        if fragment is not None:  # else not committed after all: nothing reads it
+        if fragment is not None:  # absent only from a version that does not hold it: nothing reads it there
             files += _write_key_files(storage, fragment, hashes[start:end], directories)
         start = end
     return files

@@ -43,3 +43,15 @@ def test_wait_mode_gives_up_after_max_wait(behind_table):
     policy = BackpressurePolicy(stop_generations=2, poll_seconds=0.1, max_wait_seconds=0.3)
     with pytest.raises(BackpressureError, match="waited"):
         await_merge_capacity(behind_table.handle, policy, log=lambda _: None)
+
+
+def test_a_wait_ends_without_error_once_the_caller_has_nothing_more_to_write(behind_table):
+    """A stream that stopped while waiting: no merge made room, yet the wait returns before its limit."""
+    stream_ended = threading.Event()
+    ender = threading.Timer(0.5, stream_ended.set)
+    ender.start()
+    policy = BackpressurePolicy(stop_generations=3, poll_seconds=0.1, max_wait_seconds=30.0)
+    waited = await_merge_capacity(behind_table.handle, policy, log=lambda _: None, stopped=stream_ended.is_set)
+    ender.join()
+    assert 0.4 <= waited < 30.0
+    assert len(behind_table.handle.shard_states()[2].pending_generations) == 3  # still behind: not a merge
