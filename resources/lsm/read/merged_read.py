@@ -10,9 +10,9 @@ per key over them and a deletion vector of the base rows those keys
 supersede. A full scan (:func:`scan`) starts the base scan, then pins the
 levels; each base batch loses the rows the vectors list, by position, as the
 consumer takes it (Lance decodes the next batches meanwhile, on its own
-threads), and the pending upserts come last. Keys no
-trusted vector covers (generations newer than a run, a stale or missing run,
-the WAL tail) are dropped from the base by key instead. Generations read
+threads), and the pending upserts come last. Keys no vector covers
+(generations newer than a run, a missing run, keys whose row a rewrite of the
+base moved, the WAL tail) are dropped from the base by key instead. Generations read
 directly are kept between reads (:class:`PendingGenerations`): they never
 change once flushed. Lance's ``LsmScanner`` would do the same in one plan, but
 with pylance 14.0.2 it costs a pass over the whole base per pending generation.
@@ -149,9 +149,9 @@ def scan(
 class BaseRowFilter:
     """Drops superseded rows from base batches read with row addresses: by position, then by key.
 
-    The rows of keys a trusted run covers are dropped by position, through
-    its deletion vector. The keys no trusted vector covers (generations newer
-    than their run, stale or missing runs, the WAL tail) are tested on each
+    The rows of keys a run covers are dropped by position, through its
+    deletion vector. The keys no vector covers (generations newer than their
+    run, missing runs, rows a rewrite moved, the WAL tail) are tested on each
     batch through a bitmap when they are one integer column of bounded span
     (one lookup per row). Any other keys are found ahead of the scan through
     the base's key index and dropped by position (their keys compared) when
@@ -296,7 +296,7 @@ def count(snapshot: ReadSnapshot) -> int:
 
     Each pending key either supersedes its base row or is new, so the view
     holds the base's rows, less those superseded, plus the live pending
-    upserts. A trusted run's deletion vector counts the rows its keys
+    upserts. A run's deletion vector counts the rows its keys
     supersede; the base rows of the other pending keys (those the vector
     does not hold already) are counted through the key index, or one
     streaming join over the key columns when the keys are many
@@ -332,9 +332,9 @@ class PendingLevels:
     changes: pa.Table
     """The newest pending change of every key, with ``_tombstone``."""
     superseded: DeletionVector
-    """Base rows superseded by ``changes``, by position (trusted deletion vectors)."""
+    """Base rows superseded by ``changes``, by position (the runs' deletion vectors, as the pinned base holds them)."""
     joined_keys: pa.Table
-    """Keys of ``changes`` no trusted vector covers: their base rows are dropped by key."""
+    """Keys of ``changes`` no vector covers: their base rows are dropped by key."""
 
 
 def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
@@ -342,11 +342,12 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
 
     Each shard contributes its stored run (if one covers a prefix of its
     pending generations) and the generations after it; the WAL tail comes
-    last. A run's vector is trusted while the pinned base still holds every
-    fragment it points into; the keys it holds are then never joined, even
-    when a newer level changed them again (their base rows are in the
-    vector): beside a writer that keeps changing the same keys, a scan joins
-    only the keys no run has seen yet.
+    last. A run's vector holds where the pinned base still has the fragment
+    each row is in (a rewrite moves only the rows of the fragments it
+    replaces: :meth:`~resources.lsm.read.pending_run.PendingRun.held_in`);
+    the keys whose row it holds are never joined, even when a newer level
+    changed them again: beside a writer that keeps changing the same keys, a
+    scan joins only the keys no run has seen yet, and those whose row moved.
     """
     key = list(snapshot.primary_key)
     shape = pa.schema([snapshot.tail.schema.field(c) for c in [*columns, TOMBSTONE_COLUMN]])
@@ -359,24 +360,19 @@ def resolve_levels(snapshot: ReadSnapshot, columns: list[str]) -> PendingLevels:
     newer = cache.resolved(snapshot, direct, shape)
     if snapshot.tail.num_rows:  # each level holds a key once: laying one over the other is cheaper than a group-by
         newer = laid_over(newer, snapshot.tail.select(shape.names), key)
-    trusted, untrusted = _split_by_trust(snapshot, runs)
-    in_runs = [run.changes.select(shape.names).cast(shape) for run in (*trusted, *untrusted)]
-    from_runs = pa.concat_tables([shape.empty_table(), *in_runs])
+    held = _held_in_base(snapshot, runs)
+    from_runs = pa.concat_tables([shape.empty_table()] + [run.changes.select(shape.names).cast(shape) for run in held])
     changed = key_mask(from_runs, newer, key)  # run rows a newer level changes again
     changes = pa.concat_tables([from_runs.filter(pa.array(~changed)), newer])
-    # A trusted run's vector drops the base row of every key it looked up (runs of older versions may hold keys
-    # not looked up, with a null base row): those keys need no join, even when a newer level changed them again.
-    looked_up = np.concatenate(
-        [np.ones(0, dtype=bool)] + [run.base_rows.is_valid().to_numpy(zero_copy_only=False) for run in trusted]
+    # The vectors drop the base row of every key with one (null: not looked up by a run of an older version, or
+    # moved by a rewrite): those keys need no join, even when a newer level changed them again.
+    known = np.concatenate(
+        [np.ones(0, dtype=bool)] + [run.base_rows.is_valid().to_numpy(zero_copy_only=False) for run in held]
     )
-    in_trusted, changed_there = from_runs.select(key).slice(0, len(looked_up)), changed[: len(looked_up)]
-    covered = in_trusted.filter(pa.array(changed_there & looked_up))
-    not_looked_up = in_trusted.filter(pa.array(~changed_there & ~looked_up))
-    joined = pa.concat_tables(
-        [key_join(newer.select(key), covered, key, "left anti"), not_looked_up]
-        + [run.changes.select(key) for run in untrusted]
-    )
-    return PendingLevels(changes, DeletionVector.union([run.superseded for run in trusted]), joined.combine_chunks())
+    covered = from_runs.select(key).filter(pa.array(changed & known))
+    unknown = from_runs.select(key).filter(pa.array(~changed & ~known))
+    joined = pa.concat_tables([key_join(newer.select(key), covered, key, "left anti"), unknown])
+    return PendingLevels(changes, DeletionVector.union([run.superseded for run in held]), joined.combine_chunks())
 
 
 def _usable_runs(snapshot: ReadSnapshot, columns: list[str]) -> list[PendingRun | None]:
@@ -398,19 +394,15 @@ def _with_columns(run: PendingRun | None, columns: list[str]) -> PendingRun | No
     return run if run is not None and set(columns) <= set(run.changes.column_names) else None
 
 
-def _split_by_trust(snapshot: ReadSnapshot, runs: list[PendingRun]) -> tuple[list[PendingRun], list[PendingRun]]:
-    """``runs`` whose deletion vector holds in the pinned base, and the others (forgotten by the cache)."""
-    trusted: list[PendingRun] = []
-    untrusted: list[PendingRun] = []
+def _held_in_base(snapshot: ReadSnapshot, runs: list[PendingRun]) -> list[PendingRun]:
+    """``runs`` as the pinned base sees them; those a rewrite moved rows of are forgotten by the cache (rebuilt
+    by the next build of runs, which looks up only the keys whose row moved)."""
     present = fragment_ids(snapshot.dataset) if runs else set()
-    for run in runs:
-        if run.superseded.holds_in(present):
-            trusted.append(run)
-            continue
-        untrusted.append(run)
-        if snapshot.runs is not None:
+    held = [run.held_in(present) for run in runs]
+    for run, seen in zip(runs, held, strict=True):
+        if seen is not run and snapshot.runs is not None:
             snapshot.runs.forget(run)
-    return trusted, untrusted
+    return held
 
 
 # A PendingGenerations entry: table location, (shard id, directory) generations, the shape's (name, type) columns.

@@ -23,9 +23,9 @@ catches, moves it), so an extended run keeps what the previous one found.
 A run is an optional shortcut, never the truth. A reader uses one only if its
 generations are exactly a prefix of the shard's pending generations (a merge
 moves the marker and retires it), reads any newer generations itself, and
-trusts its vector only while every fragment the vector points into is still in
-the pinned base (``compact_files`` rewrites rows to new addresses); otherwise
-the keys are joined as before. A missing or unreadable run is logged and read
+trusts each row of its vector only while the fragment the row is in is still in
+the pinned base (``compact_files`` gives the rows of the fragments it rewrites
+new addresses); the keys whose row moved are joined as before. A missing or unreadable run is logged and read
 around (a warning once the newest generation is older than
 ``MISSING_RUN_WARNING_SECONDS``: runs are built by maintenance, after the
 flush). Runs are written atomically, rebuilt when stale, and deleted by GC
@@ -118,6 +118,24 @@ class PendingRun:
         """The base rows the run's keys supersede."""
         addresses = self.base_rows.drop_null().to_numpy()
         return DeletionVector(addresses[addresses != NOT_IN_BASE])
+
+    def held_in(self, fragments: set[int] | frozenset[int]) -> PendingRun:
+        """This run as a base holding ``fragments`` (ids) sees it: base rows in any other fragment forgotten.
+
+        A rewrite (``compact_files``) gives the rows of the fragments it
+        replaces new addresses, and leaves every other row where it was. So
+        only the keys whose row was in a replaced fragment lose it (null: not
+        looked up, so joined or looked up again); the rest of the vector
+        still holds. ``self`` when every fragment it points into is there.
+        """
+        if self.superseded.holds_in(fragments):
+            return self
+        addresses = self.base_rows.fill_null(NOT_IN_BASE).to_numpy()
+        in_base = addresses != NOT_IN_BASE
+        present = np.fromiter(fragments, dtype=np.uint64, count=len(fragments))
+        moved = in_base & ~np.isin(addresses >> np.uint64(32), present)
+        base_rows = pc.if_else(pa.array(moved), pa.scalar(None, pa.uint64()), self.base_rows)
+        return PendingRun(self.shard_id, self.generations, self.changes, base_rows)
 
     @cached_property
     def _lookups_served(self) -> Iterator[int]:
@@ -217,7 +235,7 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    holding = [run for run in (lenders or {}).values() if run.superseded.holds_in(present)]
+    holding = [run.held_in(present) for run in (lenders or {}).values()]
     known = _lent_base_rows(dataset, resolved.select(primary_key), known, holding, primary_key)
     base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
@@ -238,15 +256,14 @@ def _tagged(rows: pa.Table, shard_index: int) -> pa.Table:
 def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns: pa.Schema) -> pa.Table:
     """The earlier runs' changes, tagged with their shard, with the base rows they found.
 
-    Null base rows where a run's vector went stale (a rewrite of the base
-    moved rows: they are looked up again) or was never looked up.
+    Null base rows where a rewrite of the base moved the row a run found
+    (:meth:`PendingRun.held_in`: looked up again) or where it was never looked up.
     """
     parts = [columns.append(pa.field(_SHARD, pa.int32())).append(pa.field(BASE_ROW_ADDRESS, pa.uint64())).empty_table()]
     for index, run in enumerate(earlier):
         if run is None:
             continue
-        holds = run.superseded.holds_in(fragments)
-        base_rows = run.base_rows if holds else pa.nulls(len(run.base_rows), pa.uint64())
+        base_rows = run.held_in(fragments).base_rows
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
 

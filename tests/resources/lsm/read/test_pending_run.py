@@ -24,6 +24,7 @@ from resources.lsm.read import pending_run
 from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.key_hash_files import key_hash_file
 from resources.lsm.read.level_readers import builds_done
+from resources.lsm.read.merged_read import resolve_levels
 from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRun, PendingRuns, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import REPO_ROOT, drop_pending_runs, reads_of, rows_by_key
@@ -254,6 +255,39 @@ def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_r
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
     assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
     assert table.build_pending_runs() == {}  # current now
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+
+
+def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whose_row_moved(tmp_path, monkeypatch):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    kept = max(fragment_ids(table.dataset()))
+    table.dataset().optimize.compact_files(excluded_fragment_ids=[kept], materialize_deletions_threshold=0.0)
+    assert kept in fragment_ids(table.dataset()) and len(fragment_ids(table.dataset())) > 1
+    rows = [
+        (key, row)
+        for run in (table.handle.runs.find(shard) for shard in table.shards())
+        for key, row in zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True)
+        if row != int(NOT_IN_BASE)
+    ]
+    moved = sorted(key for key, row in rows if row >> 32 != kept)
+    assert moved and len(moved) < len(rows)  # the kept fragment holds some of the runs' rows
+
+    reader = LsmTable.open(table.uri)
+    levels = resolve_levels(reader.handle.snapshot(fresh=True), ["id"])
+    assert sorted(levels.joined_keys["id"].to_pylist()) == moved
+    assert_reads_and_lookups(reader, batches)
+
+    looked_up: list[int] = []
+    probe = pending_run.base_row_addresses
+
+    def counting(dataset, keys, primary_key, index):
+        looked_up.extend(keys["id"].to_pylist())
+        return probe(dataset, keys, primary_key, index)
+
+    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
+    assert sorted(looked_up) == moved
+    assert resolve_levels(LsmTable.open(table.uri).handle.snapshot(fresh=True), ["id"]).joined_keys.num_rows == 0
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
 
 
