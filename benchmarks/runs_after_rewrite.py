@@ -1,0 +1,211 @@
+"""Pending runs after a rewrite of a few base fragments: only the moved rows' keys joined, or every key of the runs.
+
+    .venv/bin/python benchmarks/runs_after_rewrite.py --kinds string        # 64Mi rows, 2 fragments rewritten
+    .venv/bin/python benchmarks/runs_after_rewrite.py --rows 4194304 --kinds int64 --repeat 1   # smoke run
+
+A file compaction (``compact_files``: small fragments, or fragments with many
+rows deleted) gives the rows of the fragments it rewrites new addresses and
+leaves every other row where it was. Per key kind, on a base of ``--rows`` rows
+(``benchmarks/scale.py``'s tables, cloned by hard links), 4 shards:
+``--generations`` writes of ``--generation-rows`` random upserts (one
+generation per shard each) with their runs built, then ``--rewritten``
+fragments of the base rewritten into one. From that state, in alternating
+pairs (``--repeat``), side by side:
+
+- the merged scan (``LsmTable.scanner()`` drained: wall and CPU seconds) as
+  the runs are read now (a row of a run is trusted while its fragment is in
+  the base: only the keys whose row moved are joined) and under the rule
+  before it (a run pointing into any rewritten fragment was not trusted at
+  all: every key of it joined), and the base scan;
+- the next build of the runs: now (only the keys whose row moved looked up
+  again) and under the rule before (every key looked up again).
+
+Results: ``benchmarks/results/runs_after_rewrite.{json,md}`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.runs_after_merge import write
+from benchmarks.scale import add_base_arguments, drain, on_each_base, save_results
+from resources.lsm import LsmTable
+from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
+from resources.lsm.read.merged_read import resolve_levels
+from resources.lsm.read.pending_run import PendingRun
+
+
+@contextmanager
+def whole_run_rule() -> Iterator[None]:
+    """Runs read as before per-row trust: a run pointing into any fragment the base lacks loses every base row."""
+    held_in = PendingRun.held_in
+
+    def whole(run: PendingRun, fragments: set[int] | frozenset[int]) -> PendingRun:
+        if run.superseded.holds_in(fragments):
+            return run
+        return PendingRun(run.shard_id, run.generations, run.changes, pa.nulls(len(run.base_rows), pa.uint64()))
+
+    PendingRun.held_in = whole  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        PendingRun.held_in = held_in  # type: ignore[method-assign]
+
+
+def rewrite_first(uri: str, count: int) -> list[int]:
+    """Rewrite the base's first ``count`` fragments into one (as ``compact_files`` does small ones); their ids.
+
+    Then stores the new fragment's key files, as a merge's tidy-up does.
+    """
+    table = LsmTable.open(uri)
+    dataset = table.dataset()
+    fragments = dataset.get_fragments()
+    if len(fragments) <= count:
+        raise SystemExit(f"a base of {len(fragments)} fragments: more than --rewritten {count} are needed")
+    rewritten = [f.fragment_id for f in fragments[:count]]
+    dataset.optimize.compact_files(
+        target_rows_per_fragment=sum(f.physical_rows for f in fragments[:count]) + 1,
+        materialize_deletions=False,
+        excluded_fragment_ids=[f.fragment_id for f in fragments[count:]],
+    )
+    after = table.dataset()
+    assert not set(rewritten) & {f.fragment_id for f in after.get_fragments()}
+    write_missing_key_hashes(table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after))
+    return rewritten
+
+
+def cpu_and_wall(work: Callable[[], object]) -> tuple[float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def scans(uri: str, repeat: int) -> dict[str, float]:
+    """Merged scans now and under the whole-run rule, and base scans, in alternating order: medians."""
+    sides: dict[str, Callable[[], object]] = {
+        "now": lambda: drain(LsmTable.open(uri).scanner()),
+        "whole_run": lambda: _under_whole_run_rule(lambda: drain(LsmTable.open(uri).scanner())),
+        "base": lambda: drain(lance.dataset(uri).to_batches()),
+    }
+    found: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    sides["now"]()  # warm: the rewritten fragment's key index mapped, the base's pages read
+    for round_ in range(repeat):
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+        for side in order:
+            found[side].append(cpu_and_wall(sides[side]))
+    result = {}
+    for side, times in found.items():
+        result[f"{side}_scan_s"] = statistics.median(t[0] for t in times)
+        result[f"{side}_scan_cpu_s"] = statistics.median(t[1] for t in times)
+    return result
+
+
+def _under_whole_run_rule(work: Callable[[], object]) -> object:
+    with whole_run_rule():
+        return work()
+
+
+def joined_keys(uri: str, whole_run: bool) -> int:
+    """Keys a scan of the table drops by key (no vector holds their row)."""
+    table = LsmTable.open(uri)
+    with whole_run_rule() if whole_run else nullcontext():
+        return resolve_levels(table.handle.snapshot(fresh=True), list(table.primary_key)).joined_keys.num_rows
+
+
+def rebuild_seconds(uri: str, runs: Path, whole_run: bool) -> float:
+    """Restore the runs stored before the rewrite, then build them again (keys looked up again)."""
+    live = Path(uri, RUNS_DIR)
+    shutil.rmtree(live, ignore_errors=True)
+    shutil.copytree(runs, live)
+    table = LsmTable.open(uri)
+    with whole_run_rule() if whole_run else nullcontext():
+        started = time.perf_counter()
+        table.build_pending_runs()
+        return time.perf_counter() - started
+
+
+def measure(uri: str, kind: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    write(LsmTable.open(uri), kind, args.rows, args.generations, args.generation_rows, np.random.default_rng(17))
+    runs = scratch / f"{kind}-runs"
+    shutil.copytree(Path(uri, RUNS_DIR), runs)
+    started = time.perf_counter()
+    rewritten = rewrite_first(uri, args.rewritten)
+    result: dict[str, Any] = {
+        "fragments_rewritten": len(rewritten),
+        "rewrite_s": time.perf_counter() - started,
+        "joined_keys_now": joined_keys(uri, whole_run=False),
+        "joined_keys_whole_run": joined_keys(uri, whole_run=True),
+        **scans(uri, args.repeat),
+    }
+    rebuild_seconds(uri, runs, whole_run=False)  # warm: the first build writes the new fragment's key files
+    builds: dict[bool, list[float]] = {True: [], False: []}
+    for round_ in range(args.repeat):
+        for whole_run in (False, True) if round_ % 2 == 0 else (True, False):
+            builds[whole_run].append(rebuild_seconds(uri, runs, whole_run))
+    result["rebuild_now_s"] = statistics.median(builds[False])
+    result["rebuild_whole_run_s"] = statistics.median(builds[True])
+    print(kind, result, flush=True)
+    return result
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        "# Pending runs after a rewrite of a few base fragments",
+        "",
+        f"`benchmarks/runs_after_rewrite.py`, base of {results['rows']:,} rows, 4 shards, runs over "
+        f"{results['generations']} writes of {results['generation_rows']:,} random upserts, then "
+        f"{results['rewritten']} base fragments rewritten into one. Now: a run's row is trusted while its "
+        "fragment is in the base; before: a run pointing into a rewritten fragment was not trusted at all. "
+        "Medians of alternating runs from the same state (scans: wall / CPU seconds).",
+        "",
+        "| key | keys joined now / before | merged scan now | merged scan before | base scan "
+        "| now / base (wall, CPU) | next build of the runs now / before |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, r in results["kinds"].items():
+        lines.append(
+            f"| {kind} | {r['joined_keys_now']:,} / {r['joined_keys_whole_run']:,} "
+            f"| {r['now_scan_s']:.2f} / {r['now_scan_cpu_s']:.2f} s "
+            f"| {r['whole_run_scan_s']:.2f} / {r['whole_run_scan_cpu_s']:.2f} s "
+            f"| {r['base_scan_s']:.2f} / {r['base_scan_cpu_s']:.2f} s "
+            f"| {r['now_scan_s'] / r['base_scan_s']:.2f}x, {r['now_scan_cpu_s'] / r['base_scan_cpu_s']:.2f}x "
+            f"| {r['rebuild_now_s']:.2f} / {r['rebuild_whole_run_s']:.2f} s |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_base_arguments(parser, "runs_after_rewrite")
+    parser.add_argument("--generations", type=int, default=16, help="writes with runs before the rewrite")
+    parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per write")
+    parser.add_argument("--rewritten", type=int, default=2, help="base fragments rewritten into one")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds")
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "generations": args.generations,
+        "generation_rows": args.generation_rows,
+        "rewritten": args.rewritten,
+        "kinds": on_each_base(args, lambda uri, kind, scratch: measure(uri, kind, args, scratch)),
+    }
+    save_results(results, render(results), args.out)
+
+
+if __name__ == "__main__":
+    main()
