@@ -85,7 +85,9 @@ def rewrite_first(uri: str, count: int) -> list[int]:
     )
     after = table.dataset()
     assert not set(rewritten) & {f.fragment_id for f in after.get_fragments()}
-    write_missing_key_hashes(table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after))
+    write_missing_key_hashes(
+        table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after)
+    )
     return rewritten
 
 
