@@ -70,7 +70,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.dataset import MergeInsertBuilder
 from lance.mem_wal import CompactedSsTable
-from lance.optimize import Compaction, CompactionMetrics, CompactionOptions
 
 from ..format.schema import TOMBSTONE_COLUMN, conform, empty_tail, primary_key_of
 from ..format.shard_state import ShardState
@@ -109,21 +108,6 @@ class MaintenancePolicy:
     max_deleted_fraction
         Run ``compact_files`` when more than this fraction of the base's
         physical rows are deleted (updates delete the old row too).
-    max_fraction_rewritten
-        Live rows one ``compact_files`` rewrites at most, as a fraction of the
-        base's: the fragments it picks, in fragment order (Lance's
-        ``max_source_rows``); the next merges' tidy-ups go on from there.
-        Random updates bring every fragment of a large base to the deletion
-        threshold together: unbounded, one merge run rewrote the whole base (a
-        64Mi-row base: 214 s beside a busy writer) while the table's next
-        merges waited. Each piece also pays Lance's remap of the whole key
-        index (10-20 s at 64Mi), so a fraction, not a row count, bounds what
-        the pieces cost against the whole (a quarter: four remaps, not one). A
-        first task larger than the bound (small fragments Lance groups
-        together) is still rewritten: the bound never stops progress.
-    target_fragment_rows
-        Rows per fragment ``compact_files`` writes (fragments below it are
-        grouped with their neighbours).
     min_unindexed_rows
         Run ``optimize_indices`` when an index misses at least this many rows.
         0 (default) optimizes after every merge: cheap when nothing is
@@ -145,8 +129,6 @@ class MaintenancePolicy:
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
     max_deleted_fraction: float = 0.1
-    max_fraction_rewritten: float = 0.25
-    target_fragment_rows: int = 1 << 20
     min_unindexed_rows: int = 0
     max_index_deltas: int = 4
     max_index_delta_fraction: float = 0.25
@@ -631,7 +613,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
-            files = _compact_files(dataset, policy)
+            files = dataset.optimize.compact_files()
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
             _optimize_indices(dataset, policy)
@@ -672,20 +654,6 @@ def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolic
     physical = sum(f.physical_rows for f in fragments)
     deleted = sum(f.deletion_file.num_deleted_rows or 0 for f in fragments if f.deletion_file)
     return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
-
-
-def _compact_files(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> CompactionMetrics:
-    """Rewrite small or deletion-heavy fragments, up to ``policy.max_fraction_rewritten`` of the live rows."""
-    bound = max(1, int(policy.max_fraction_rewritten * dataset.count_rows()))
-    bounded = dataset.optimize.compact_files(
-        target_rows_per_fragment=policy.target_fragment_rows, max_source_rows=bound
-    )
-    if bounded.fragments_removed:
-        return bounded
-    # Lance plans nothing when its first task alone is over the bound: that task alone is rewritten then.
-    options: CompactionOptions = {"target_rows_per_fragment": policy.target_fragment_rows}
-    tasks = Compaction.plan(dataset, options).tasks
-    return Compaction.commit(dataset, [tasks[0].execute(dataset)], options) if tasks else bounded
 
 
 def _user_indices(dataset: lance.LanceDataset) -> list[str]:

@@ -14,13 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import lance
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from lance.dataset import MergeInsertBuilder
 
 from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.compaction_marker import read_compacted_generations
-from resources.lsm.format.schema import PRIMARY_KEY_METADATA
 from resources.lsm.maintenance import compaction
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
 from tests.helpers import rows_by_key
@@ -282,41 +280,6 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
         r.shard_id: r.compacted_generation for r in result.shards
     }
     assert_view(table, batches)
-
-
-def deletion_heavy_base(uri: str, fragments: int, rows: int) -> lance.LanceDataset:
-    """A base of ``fragments`` fragments of ``rows`` keys each, 30% of every fragment's rows deleted."""
-    key = pa.field("id", pa.int64(), nullable=False, metadata={PRIMARY_KEY_METADATA: "true"})
-    ids = pa.array(range(fragments * rows), pa.int64())
-    table = pa.table([ids, pc.cast(ids, pa.string())], schema=pa.schema([key, pa.field("v", pa.string())]))
-    dataset = lance.write_dataset(table, uri, max_rows_per_file=rows)
-    dataset.delete("id % 10 < 3")
-    return lance.dataset(uri)
-
-
-def test_a_tidy_up_rewrites_at_most_its_share_of_the_base_and_the_next_ones_go_on_from_there(tmp_path):
-    base = deletion_heavy_base(str(tmp_path / "t.lance"), fragments=8, rows=1000)
-    expected = rows_by_key(base.to_table())
-    # Two fragments of 700 live rows fill a 1,000-row fragment: each of Lance's tasks rewrites two of them,
-    # and a quarter of the 5,600 live rows is one task.
-    policy = MaintenancePolicy(max_fraction_rewritten=0.25, target_fragment_rows=1000)
-    rewritten = []
-    while (done := compaction.maintain_base(base, policy)).files_compacted:
-        rewritten.append(done.fragments_removed)
-        base = lance.dataset(base.uri)
-    # Each call rewrites two fragments, until under a tenth of the base's rows are deleted (the policy's trigger).
-    assert rewritten == [2, 2, 2]
-    fragments = [f.metadata for f in base.get_fragments()]
-    deleted = sum(f.deletion_file.num_deleted_rows for f in fragments if f.deletion_file)
-    assert 0 < deleted <= 0.1 * sum(f.physical_rows for f in fragments)
-    assert rows_by_key(base.to_table()) == expected
-    assert base.stats.index_stats("id_idx")["num_unindexed_rows"] == 0
-
-
-def test_a_tidy_up_bound_smaller_than_lances_first_task_still_rewrites_that_task(tmp_path):
-    base = deletion_heavy_base(str(tmp_path / "t.lance"), fragments=4, rows=1000)
-    done = compaction.maintain_base(base, MaintenancePolicy(max_fraction_rewritten=0.0, target_fragment_rows=1000))
-    assert done.files_compacted and done.fragments_removed == 2
 
 
 @pytest.mark.parametrize("delta_fraction, most_segments", [(1.0, 3), (0.0, 2)])
