@@ -29,7 +29,10 @@ TOMBSTONE_COLUMN = "_tombstone"
 ROW_ADDRESS = "_rowaddr"
 """Column Lance adds for ``with_row_address=True``: fragment id << 32 | offset."""
 
-INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", ROW_ADDRESS, "_rowid"})
+ROW_ID = "_rowid"
+"""Column Lance adds for ``with_row_id=True``; null for a deleted row a scan returns (``include_deleted_rows``)."""
+
+INTERNAL_COLUMNS = frozenset({TOMBSTONE_COLUMN, "_memtable_gen", ROW_ADDRESS, ROW_ID})
 """Columns Lance adds to scans; never part of a user schema."""
 
 UPSERT, DELETE = "upsert", "delete"

@@ -102,7 +102,7 @@ from ..format.storage import StorageOptions, TableStorage
 from ..format.version import TableVersion
 from ..handle import TableHandle, absolute_uri
 from ..read.change_feed import change_schema
-from ..read.merged_read import BaseRowFilter, ReadSnapshot, resolve_levels
+from ..read.merged_read import BaseRowFilter, ReadSnapshot, base_batches, resolve_levels
 from ..read.pending_run import PendingRuns
 from ..read.wal_tail import read_wal_tail
 from .options import storage_options_of
@@ -255,8 +255,7 @@ class LsmReader(DataSourceReader):
         if partition.fragment_ids:
             # Ids of the pinned version's own fragments: none is missing.
             fragments = cast("list[lance.LanceFragment]", [dataset.get_fragment(f) for f in partition.fragment_ids])
-            scanner = dataset.scanner(columns=wanted, filter=where, fragments=fragments, with_row_address=True)
-            batches = scanner.to_reader()
+            batches = base_batches(dataset, wanted, where, fragments)
             superseded = BaseRowFilter(storage, dataset, levels, self.primary_key, batches.schema, fragments)
             for base in superseded.stream(batches):
                 if base.num_rows:

@@ -497,3 +497,29 @@ def test_keys_a_run_of_an_older_version_did_not_look_up_are_dropped_by_key(tmp_p
 
     assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == expected
     assert LsmTable.open(table.uri).count() == 3000
+
+
+def test_a_scan_reads_the_bases_deleted_rows_and_drops_them_with_the_superseded_ones(tmp_path):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    table.compact(maintenance=None)  # updates and deletes leave deletion files in the base
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=400, seed=13)))
+    for batch in more:
+        table.write(batch)
+        table.flush()
+    base = table.dataset()
+    physical = sum(f.physical_rows for f in base.get_fragments())
+    assert physical > base.count_rows()
+
+    read = merged_read.base_batches(base, ["id"], None).read_all()
+    assert read.num_rows == physical and read["_rowid"].null_count == physical - base.count_rows()
+    assert_reads(table, batches + more)
+    table.build_pending_runs()
+    assert_reads(LsmTable.open(table.uri), batches + more)
+
+
+def test_a_deleted_rows_address_is_its_position_in_the_fragment():
+    addresses = [None, None, 7 << 32 | 2, None, 7 << 32 | 4, 7 << 32 | 5, None, None]
+    batch = pa.record_batch({"_rowaddr": pa.array(addresses, pa.uint64())})
+    assert merged_read._addresses(batch).tolist() == [7 << 32 | offset for offset in range(8)]
+    deleted = pa.record_batch({"_rowaddr": pa.nulls(3, pa.uint64())})
+    assert merged_read._addresses(deleted).tolist() == [0, 1, 2]  # every row deleted: any ascending values
