@@ -295,11 +295,16 @@ def _addresses(batch: pa.RecordBatch) -> np.ndarray:
     if not column.null_count:
         addresses: np.ndarray = column.to_numpy()
         return addresses
-    live = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
-    positions = np.arange(len(column))
-    if not len(live):
-        return positions.astype(np.uint64)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    if not valid.any():
+        return np.arange(len(column), dtype=np.uint64)
+    first, last = int(valid.argmax()), len(valid) - 1 - int(valid[::-1].argmax())
+    start = column[first].as_py() - first
+    if column[last].as_py() - last == start:  # one step per row from the first live row to the last: one fragment
+        return np.arange(start, start + len(column), dtype=np.uint64)
+    live = np.flatnonzero(valid)
     known = column.fill_null(0).to_numpy().astype(np.int64)
+    positions = np.arange(len(column))
     neighbour = live[np.minimum(np.searchsorted(live, positions), len(live) - 1)]
     filled: np.ndarray = (known[neighbour] + (positions - neighbour)).astype(np.uint64)
     return filled

@@ -521,5 +521,9 @@ def test_a_deleted_rows_address_is_its_position_in_the_fragment():
     addresses = [None, None, 7 << 32 | 2, None, 7 << 32 | 4, 7 << 32 | 5, None, None]
     batch = pa.record_batch({"_rowaddr": pa.array(addresses, pa.uint64())})
     assert merged_read._addresses(batch).tolist() == [7 << 32 | offset for offset in range(8)]
+    # Across two fragments, a deleted row takes the address its next live row implies: never a live row's.
+    spanning = [None, 7 << 32 | 2, None, 8 << 32, None, 8 << 32 | 2]
+    filled = merged_read._addresses(pa.record_batch({"_rowaddr": pa.array(spanning, pa.uint64())})).tolist()
+    assert filled == [7 << 32 | 1, 7 << 32 | 2, (8 << 32) - 1, 8 << 32, 8 << 32 | 1, 8 << 32 | 2]
     deleted = pa.record_batch({"_rowaddr": pa.nulls(3, pa.uint64())})
     assert merged_read._addresses(deleted).tolist() == [0, 1, 2]  # every row deleted: any ascending values
