@@ -158,11 +158,12 @@ def base_batches(
     Without a filter, deleted rows are read too (their ``_rowid`` null) and
     dropped by :class:`BaseRowFilter` with the pending levels' rows, by
     position: pylance 14.0.2 applies a fragment's deletion file at a cost far
-    above reading every row (64Mi rows of strings, 30% deleted: 21 s of CPU
-    against 10 s for reading them all and dropping the deleted ones; 1%
-    deleted: 1.45x the CPU of a scan without deletions), and every merge
-    leaves deletion files behind. A filtered scan cannot return them (Lance
-    refuses deleted rows where a plan takes rows): Lance drops them there.
+    above reading every row, and every merge leaves deletion files behind
+    (64Mi rows, 1% / 10% / 30% of every fragment deleted: a scan that drops
+    them itself takes 0.77-0.84x / 0.49-0.56x / 0.32-0.38x the wall time of
+    Lance's scan, ``benchmarks/deleted_rows.py``). A filtered scan cannot
+    return them (Lance refuses deleted rows where a plan takes rows): Lance
+    drops them there.
     """
     unfiltered = filter is None
     return dataset.scanner(
