@@ -217,6 +217,7 @@ class BaseRowFilter:
         joined = pa.concat_tables([level.joined_keys for level in levels]).combine_chunks()
         self._vector = DeletionVector.union([level.superseded for level in levels])
         self._schema = pa.schema([field for field in schema if field.name not in (ROW_ADDRESS, ROW_ID)])
+        self._key = key
         self._bitmap = _KeyBitmap.of(joined, key)
         by_key = self._bitmap is None and joined.num_rows > 0
         self._rows = self._found_ahead(storage, dataset, joined, key, fragments) if by_key else None
@@ -254,7 +255,8 @@ class BaseRowFilter:
         Only the key columns are copied: filtering every column here copied
         each surviving row twice, once more in the join.
         """
-        keep = self._vector.keep_mask(_addresses(batch)) & _not_deleted(batch)
+        addresses, live = _live_rows(batch)
+        keep = _at_rows(self._vector.keep_mask(addresses), live, batch.num_rows)
         batch = _without_row_columns(batch)
         if keep.all():
             return batch
@@ -266,49 +268,41 @@ class BaseRowFilter:
         return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
     def _drop_by_position(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        addresses = _addresses(batch)
-        keep = self._vector.keep_mask(addresses) & _not_deleted(batch)
+        addresses, live = _live_rows(batch)
+        keep = self._vector.keep_mask(addresses)
         if self._rows is not None:
-            keep &= self._rows.keep_mask(addresses, batch)
+            # The rows' keys are compared: only those of the live rows are taken.
+            keys = batch if live is None else batch.select(self._key).take(pa.array(live))
+            keep &= self._rows.keep_mask(addresses, keys)
+        keep = _at_rows(keep, live, batch.num_rows)
         batch = _without_row_columns(batch)
         if self._bitmap is not None:
             keep &= ~self._bitmap.found(batch)
         return batch if keep.all() else rows_where(batch, keep)
 
 
-def _not_deleted(batch: pa.RecordBatch) -> np.ndarray | bool:
-    """For each row of ``batch``, whether it is live: deleted rows come with a null ``_rowid``."""
-    if ROW_ID not in batch.schema.names or not batch.column(ROW_ID).null_count:
-        return True
-    live: np.ndarray = batch.column(ROW_ID).is_valid().to_numpy(zero_copy_only=False)
-    return live
+def _live_rows(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray | None]:
+    """The addresses of ``batch``'s live rows, ascending, and their positions (``None``: every row is live).
 
-
-def _addresses(batch: pa.RecordBatch) -> np.ndarray:
-    """The ``_rowaddr`` of each row of ``batch``, ascending; a deleted row's (null) from its position.
-
-    A scan returns a fragment's rows, deleted ones too, in physical order, so
-    a row's address is its nearest live neighbour's, moved by the rows in
-    between. Deleted rows are dropped anyway: their addresses only keep the
-    batch ascending, as the row filters expect.
+    A scan that reads deleted rows (:func:`base_batches`) returns them with a
+    null ``_rowid`` (and ``_rowaddr``): they have no address to test.
     """
-    column = batch.column(ROW_ADDRESS)
-    if not column.null_count:
-        addresses: np.ndarray = column.to_numpy()
-        return addresses
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    if not valid.any():
-        return np.arange(len(column), dtype=np.uint64)
-    first, last = int(valid.argmax()), len(valid) - 1 - int(valid[::-1].argmax())
-    start = column[first].as_py() - first
-    if column[last].as_py() - last == start:  # one step per row from the first live row to the last: one fragment
-        return np.arange(start, start + len(column), dtype=np.uint64)
-    live = np.flatnonzero(valid)
-    known = column.fill_null(0).to_numpy().astype(np.int64)
-    positions = np.arange(len(column))
-    neighbour = live[np.minimum(np.searchsorted(live, positions), len(live) - 1)]
-    filled: np.ndarray = (known[neighbour] + (positions - neighbour)).astype(np.uint64)
-    return filled
+    marks = [batch.column(c) for c in (ROW_ADDRESS, ROW_ID) if c in batch.schema.names and batch.column(c).null_count]
+    addresses = batch.column(ROW_ADDRESS)
+    if not marks:
+        every: np.ndarray = addresses.to_numpy()
+        return every, None
+    live = np.flatnonzero(np.logical_and.reduce([c.is_valid().to_numpy(zero_copy_only=False) for c in marks]))
+    return addresses.take(pa.array(live)).to_numpy(), live
+
+
+def _at_rows(keep: np.ndarray, live: np.ndarray | None, rows: int) -> np.ndarray:
+    """``keep`` (one flag per live row) as one flag per row of the batch: a deleted row is never kept."""
+    if live is None:
+        return keep
+    every = np.zeros(rows, dtype=bool)
+    every[live] = keep
+    return every
 
 
 def _without_row_columns(batch: pa.RecordBatch) -> pa.RecordBatch:

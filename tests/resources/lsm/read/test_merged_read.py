@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -16,7 +17,8 @@ from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_HASHES_DIR, KEY_INDEX_DIR, run_dir
 from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
-from resources.lsm.read.key_hash_files import write_missing_key_hashes
+from resources.lsm.read.base_key_index import BaseKeyIndex
+from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
 from resources.lsm.read.pending_run import PendingRun, read_run, store_run
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import drop_pending_runs, rows_by_key
@@ -517,13 +519,30 @@ def test_a_scan_reads_the_bases_deleted_rows_and_drops_them_with_the_superseded_
     assert_reads(LsmTable.open(table.uri), batches + more)
 
 
-def test_a_deleted_rows_address_is_its_position_in_the_fragment():
-    addresses = [None, None, 7 << 32 | 2, None, 7 << 32 | 4, 7 << 32 | 5, None, None]
-    batch = pa.record_batch({"_rowaddr": pa.array(addresses, pa.uint64())})
-    assert merged_read._addresses(batch).tolist() == [7 << 32 | offset for offset in range(8)]
-    # Across two fragments, a deleted row takes the address its next live row implies: never a live row's.
-    spanning = [None, 7 << 32 | 2, None, 8 << 32, None, 8 << 32 | 2]
-    filled = merged_read._addresses(pa.record_batch({"_rowaddr": pa.array(spanning, pa.uint64())})).tolist()
-    assert filled == [7 << 32 | 1, 7 << 32 | 2, (8 << 32) - 1, 8 << 32, 8 << 32 | 1, 8 << 32 | 2]
-    deleted = pa.record_batch({"_rowaddr": pa.nulls(3, pa.uint64())})
-    assert merged_read._addresses(deleted).tolist() == [0, 1, 2]  # every row deleted: any ascending values
+def test_rows_found_ahead_are_matched_to_the_live_rows_of_batches_with_deleted_rows(tmp_path, monkeypatch):
+    table, batches = build_change_table(str(tmp_path / "t.lance"), num_shards=2)
+    table.compact(maintenance=None)  # deletion files in the base
+    more = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=2, batch_size=400, seed=17)))
+    for batch in more:
+        table.write(batch)
+        table.flush()  # pending keys without a run
+    write_missing_key_hashes(
+        table.handle.storage, table.dataset(), ["id"], key_files(table.handle.storage, table.dataset())
+    )
+    # The pending keys' rows found through the key index ahead of the scan, not by the bitmap of integer keys.
+    monkeypatch.setattr(merged_read._KeyBitmap, "of", classmethod(lambda cls, keys, key: None))
+    monkeypatch.setattr(BaseKeyIndex, "searched_faster_than_scanned", lambda self, keys: True)
+    assert rows_by_key(LsmTable.open(table.uri).read()) == oracle_view(batches + more)
+
+
+def test_a_batchs_deleted_rows_are_never_kept_and_never_tested_by_address():
+    addresses = pa.array([None, 7 << 32 | 2, None, 8 << 32, None, 8 << 32 | 2], pa.uint64())
+    row_ids = pa.array([None, 2, None, 3, None, 5], pa.uint64())
+    batch = pa.record_batch({"_rowaddr": addresses, "_rowid": row_ids})
+    live_addresses, live = merged_read._live_rows(batch)
+    assert live_addresses.tolist() == [7 << 32 | 2, 8 << 32, 8 << 32 | 2] and live.tolist() == [1, 3, 5]
+    assert merged_read._at_rows(np.array([True, False, True]), live, 6).tolist() == [False, True] + [False] * 3 + [True]
+    deleted = pa.record_batch({"_rowaddr": pa.nulls(3, pa.uint64()), "_rowid": pa.nulls(3, pa.uint64())})
+    assert merged_read._live_rows(deleted)[0].tolist() == []
+    whole = pa.record_batch({"_rowaddr": pa.array([1, 2], pa.uint64()), "_rowid": pa.array([1, 2], pa.uint64())})
+    assert merged_read._live_rows(whole)[1] is None
