@@ -160,7 +160,7 @@ def base_batches(
     position: pylance 14.0.2 applies a fragment's deletion file at a cost far
     above reading every row, and every merge leaves deletion files behind
     (64Mi rows, 1% / 10% / 30% of every fragment deleted: a scan that drops
-    them itself takes 0.77-0.84x / 0.49-0.56x / 0.32-0.38x the wall time of
+    them itself takes 0.79-0.91x / 0.41-0.54x / 0.35-0.36x the wall time of
     Lance's scan, ``benchmarks/deleted_rows.py``). A filtered scan cannot
     return them (Lance refuses deleted rows where a plan takes rows): Lance
     drops them there.
