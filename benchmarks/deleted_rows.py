@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,15 @@ from lance import LanceOperation
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import add_base_arguments, clone, drain, on_each_base, save_results, template
+from benchmarks.scale import (
+    add_base_arguments,
+    alternating_wall_and_cpu,
+    clone,
+    drain,
+    on_each_base,
+    save_results,
+    template,
+)
 from resources.lsm import LsmTable
 
 
@@ -49,12 +55,6 @@ def delete_at_random(uri: str, fraction: float, rng: np.random.Generator) -> Non
     lance.LanceDataset.commit(uri, LanceOperation.Delete(updated, [], "random rows"), read_version=dataset.version)
 
 
-def wall_and_cpu(work: Callable[[], object]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    work()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def scans(uri: str, repeat: int) -> dict[str, float]:
     """Medians of the merged scan and Lance's scan, in alternating pairs (each side first in turn)."""
     table, base = LsmTable.open(uri), lance.dataset(uri)
@@ -62,15 +62,7 @@ def scans(uri: str, repeat: int) -> dict[str, float]:
         "merged": lambda: drain(table.scanner()),
         "lance": lambda: drain(base.to_batches()),
     }
-    found: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
-    for round_ in range(repeat):
-        for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
-            found[side].append(wall_and_cpu(sides[side]))
-    result = {"rows": base.count_rows()}
-    for side, times in found.items():
-        result[f"{side}_s"] = statistics.median(t[0] for t in times)
-        result[f"{side}_cpu_s"] = statistics.median(t[1] for t in times)
-    return result
+    return {"rows": base.count_rows(), **alternating_wall_and_cpu(sides, repeat)}
 
 
 def measure(kind: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:

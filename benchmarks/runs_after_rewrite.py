@@ -42,7 +42,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runs_after_merge import write
-from benchmarks.scale import add_base_arguments, drain, on_each_base, save_results
+from benchmarks.scale import add_base_arguments, alternating_wall_and_cpu, drain, on_each_base, save_results
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
@@ -91,30 +91,15 @@ def rewrite_first(uri: str, count: int) -> list[int]:
     return rewritten
 
 
-def cpu_and_wall(work: Callable[[], object]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    work()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def scans(uri: str, repeat: int) -> dict[str, float]:
     """Merged scans now and under the whole-run rule, and base scans, in alternating order: medians."""
     sides: dict[str, Callable[[], object]] = {
-        "now": lambda: drain(LsmTable.open(uri).scanner()),
-        "whole_run": lambda: _under_whole_run_rule(lambda: drain(LsmTable.open(uri).scanner())),
-        "base": lambda: drain(lance.dataset(uri).to_batches()),
+        "now_scan": lambda: drain(LsmTable.open(uri).scanner()),
+        "whole_run_scan": lambda: _under_whole_run_rule(lambda: drain(LsmTable.open(uri).scanner())),
+        "base_scan": lambda: drain(lance.dataset(uri).to_batches()),
     }
-    found: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
-    sides["now"]()  # warm: the rewritten fragment's key index mapped, the base's pages read
-    for round_ in range(repeat):
-        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
-        for side in order:
-            found[side].append(cpu_and_wall(sides[side]))
-    result = {}
-    for side, times in found.items():
-        result[f"{side}_scan_s"] = statistics.median(t[0] for t in times)
-        result[f"{side}_scan_cpu_s"] = statistics.median(t[1] for t in times)
-    return result
+    sides["now_scan"]()  # warm: the rewritten fragment's key index mapped, the base's pages read
+    return alternating_wall_and_cpu(sides, repeat)
 
 
 def _under_whole_run_rule(work: Callable[[], object]) -> object:

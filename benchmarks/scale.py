@@ -172,6 +172,27 @@ def seconds(work: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def wall_and_cpu(work: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds (every thread of the process) of ``work()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def alternating_wall_and_cpu(sides: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """``<side>_s`` and ``<side>_cpu_s``: medians over ``repeat`` rounds of every side in turn, the order
+    reversed every other round (so that no side always runs first)."""
+    found: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
+    for round_ in range(repeat):
+        for side in list(sides) if round_ % 2 == 0 else list(reversed(sides)):
+            found[side].append(wall_and_cpu(sides[side]))
+    medians = {}
+    for side, times in found.items():
+        medians[f"{side}_s"] = statistics.median(t[0] for t in times)
+        medians[f"{side}_cpu_s"] = statistics.median(t[1] for t in times)
+    return medians
+
+
 def paired(first: Callable[[], object], second: Callable[[], object], repeat: int) -> tuple[float, float]:
     """Medians of ``first`` and ``second`` run alternately (after one warm-up each), so both see the same load.
 

@@ -26,8 +26,7 @@ import json
 import shutil
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import lance
@@ -36,7 +35,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.scale import drain, paired, save_results
+from benchmarks.scale import drain, paired, save_results, wall_and_cpu
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR
 
@@ -73,17 +72,11 @@ def build_base(uri: str, rows: int, dims: int) -> LsmTable:
     return table
 
 
-def cpu_and_wall(work: Callable[[], object]) -> tuple[float, float]:
-    cpu, wall = time.process_time(), time.perf_counter()
-    work()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def scans(uri: str, repeat: int) -> dict[str, float]:
     table, base = LsmTable.open(uri), lance.dataset(uri)
     merged, plain = paired(lambda: drain(table.scanner()), lambda: drain(base.to_batches()), repeat)
-    merged_cpu = min(cpu_and_wall(lambda: drain(table.scanner()))[1] for _ in range(repeat))
-    plain_cpu = min(cpu_and_wall(lambda: drain(base.to_batches()))[1] for _ in range(repeat))
+    merged_cpu = min(wall_and_cpu(lambda: drain(table.scanner()))[1] for _ in range(repeat))
+    plain_cpu = min(wall_and_cpu(lambda: drain(base.to_batches()))[1] for _ in range(repeat))
     return {
         "merged_scan_s": merged,
         "base_scan_s": plain,
