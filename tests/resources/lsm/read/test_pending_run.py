@@ -60,6 +60,19 @@ def current_runs(table: LsmTable) -> list[str]:
     return [run_path(s.shard_id, s.pending_generations) for s in table.shards()]
 
 
+def keys_looked_up_in_base(monkeypatch) -> list[int]:
+    """The ids every later base probe of a run build asks for, as they come (``pending_run.base_row_addresses``)."""
+    looked_up: list[int] = []
+    probe = pending_run.base_row_addresses
+
+    def counting(dataset, keys, primary_key, index):
+        looked_up.extend(keys["id"].to_pylist())
+        return probe(dataset, keys, primary_key, index)
+
+    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    return looked_up
+
+
 def assert_reads_and_lookups(table: LsmTable, batches: list[pa.Table]) -> None:
     expected = oracle_view(batches)
     assert rows_by_key(table.read()) == expected
@@ -277,14 +290,7 @@ def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whos
     assert sorted(levels.joined_keys["id"].to_pylist()) == moved
     assert_reads_and_lookups(reader, batches)
 
-    looked_up: list[int] = []
-    probe = pending_run.base_row_addresses
-
-    def counting(dataset, keys, primary_key, index):
-        looked_up.extend(keys["id"].to_pylist())
-        return probe(dataset, keys, primary_key, index)
-
-    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    looked_up = keys_looked_up_in_base(monkeypatch)
     assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
     assert sorted(looked_up) == moved
     assert resolve_levels(LsmTable.open(table.uri).handle.snapshot(fresh=True), ["id"]).joined_keys.num_rows == 0
@@ -308,14 +314,7 @@ def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, m
     in_runs = [
         k for shard in table.shards() for k in PendingRuns(table.handle.storage).find(shard).changes["id"].to_pylist()
     ]
-    looked_up: list[int] = []
-    probe = pending_run.base_row_addresses
-
-    def counting(dataset, keys, primary_key, index):
-        looked_up.extend(keys["id"].to_pylist())
-        return probe(dataset, keys, primary_key, index)
-
-    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
+    looked_up = keys_looked_up_in_base(monkeypatch)
     keys = sorted(in_runs)[:300] + list(range(900_000, 900_050))  # keys the runs hold (in the base or not), new ones
     newest = upserts(keys, batches[0].schema)
     table.write(newest)
@@ -337,24 +336,17 @@ def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest
     untouched = sorted(in_base - merged_first)[:200]  # their base row stays
     new = list(range(900_000, 900_040))  # absent from the base
     rest = upserts(again + untouched + new, batches[0].schema)
-    looked_up: list[int] | None = None  # once the merge commits
-    probe, commit_data = pending_run.base_row_addresses, compaction.commit_data
-
-    def counting(dataset, keys, primary_key, index):
-        if looked_up is not None:
-            looked_up.extend(keys["id"].to_pylist())
-        return probe(dataset, keys, primary_key, index)
+    looked_up = keys_looked_up_in_base(monkeypatch)  # counted once the merge commits
+    commit_data = compaction.commit_data
 
     def keeper_meanwhile(*args, **kwargs):
         """While the merge commits what it planned, a writer cuts a generation and a keeper extends the runs."""
-        nonlocal looked_up
         table.write(rest)
         table.flush()
         table.build_pending_runs()
-        looked_up = []
+        looked_up.clear()
         return commit_data(*args, **kwargs)
 
-    monkeypatch.setattr(pending_run, "base_row_addresses", counting)
     monkeypatch.setattr(compaction, "commit_data", keeper_meanwhile)
     merged = table.compact(maintenance=None)  # then builds the run over the rest
     assert all(s.pending_generations == 1 and s.join_free_passes == s.passes == 1 for s in merged.shards)
