@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/live_reads.py                       # 64Mi rows, int64 / string / composite keys
     .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1   # smoke run
     .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16    # one kind, one state, then live
+    .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16 --max-deleted-fraction 0.3
 
 Per key kind, on a base of ``--rows`` rows (``benchmarks/scale.py``'s tables,
 built once under ``--data``, cloned by hard links), 4 shards, side by side
@@ -67,7 +68,7 @@ from benchmarks.scale import (
     save_results,
     seconds,
 )
-from resources.lsm import LsmTable
+from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.backpressure import await_merge_capacity
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper
@@ -200,9 +201,10 @@ def write_live(
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
 
-def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
+def merge_when_due(uri: str, stop: EventType, tidy: MaintenancePolicy, interval_s: float = 5.0) -> None:
     """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
-    sensor's runs merge them beside a writer run (only generations with a pending run). Writes each merge's
+    sensor's runs merge them beside a writer run (only generations with a pending run), tidying the base under
+    ``tidy``. Writes each merge's
     start (seconds after the merger's), seconds (how many of them tidied the base, what that rewrote, whether a
     concurrent commit pre-empted it) and passes to ``<uri>/merges.json``."""
     began = time.perf_counter()
@@ -213,7 +215,7 @@ def merge_when_due(uri: str, stop: EventType, interval_s: float = 5.0) -> None:
         due = [state.shard_id for state in table.shards() if trigger.decide(state, time.time())]
         if due:
             started = time.perf_counter()
-            result = table.compact(due, runs_only=True)
+            result = table.compact(due, runs_only=True, maintenance=tidy)
             passes = sum(s.passes for s in result.shards)
             joined = passes - sum(s.join_free_passes for s in result.shards)
             tidy = result.maintenance
@@ -246,7 +248,8 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
-    merger = context.Process(target=merge_when_due, args=(uri, stop))
+    tidy = MaintenancePolicy(max_deleted_fraction=args.max_deleted_fraction)
+    merger = context.Process(target=merge_when_due, args=(uri, stop, tidy))
     merger.start()
     started = time.monotonic()
     time.sleep(10)  # the writer claimed its shards and cut generations
@@ -288,7 +291,8 @@ def render(results: dict[str, Any]) -> str:
         f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards; each generation write "
         f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); the live "
         f"writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger merges the "
-        "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run). "
+        "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run), "
+        f"tidying the base once more than {results.get('max_deleted_fraction', 0.1):.0%} of its rows are deleted. "
         "Every ratio is against plain Lance on the same base, measured side by side (medians of alternating pairs).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
@@ -375,12 +379,19 @@ def main() -> None:
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
     )
+    parser.add_argument(
+        "--max-deleted-fraction",
+        type=float,
+        default=MaintenancePolicy.max_deleted_fraction,
+        help="the merger's tidy-up threshold (MaintenancePolicy.max_deleted_fraction)",
+    )
     args = parser.parse_args()
 
     results: dict[str, Any] = {
         "rows": args.rows,
         "generation_rows": args.generation_rows,
         "live_rows_per_s": args.live_rows_per_s,
+        "max_deleted_fraction": args.max_deleted_fraction,
         "kinds": {},
     }
 

@@ -107,7 +107,11 @@ class MaintenancePolicy:
         Physical rows below which a fragment counts as small.
     max_deleted_fraction
         Run ``compact_files`` when more than this fraction of the base's
-        physical rows are deleted (updates delete the old row too).
+        physical rows are deleted (updates delete the old row too); it then
+        rewrites the fragments past this fraction (and only those, when small
+        fragments started it). A rewrite costs about ``1 / max_deleted_fraction``
+        base rows per changed row; an unfiltered merged scan reads the deleted
+        rows and drops them by position, a cost in the rows it reads.
     min_unindexed_rows
         Run ``optimize_indices`` when an index misses at least this many rows.
         0 (default) optimizes after every merge: cheap when nothing is
@@ -613,7 +617,7 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
-            files = dataset.optimize.compact_files()
+            files = dataset.optimize.compact_files(materialize_deletions_threshold=policy.max_deleted_fraction)
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
             _optimize_indices(dataset, policy)
