@@ -105,6 +105,10 @@ class MaintenancePolicy:
         ``small_fragment_rows`` rows (every merge pass adds a fragment).
     small_fragment_rows
         Physical rows below which a fragment counts as small.
+    target_fragment_rows
+        Rows ``compact_files`` writes per fragment (Lance's
+        ``target_rows_per_fragment``); once it runs, it also merges every run
+        of neighbouring fragments with fewer physical rows than this.
     max_deleted_fraction
         Run ``compact_files`` when more than this fraction of the base's
         physical rows are deleted (updates delete the old row too); it then
@@ -132,6 +136,7 @@ class MaintenancePolicy:
 
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
+    target_fragment_rows: int = 1024 * 1024
     max_deleted_fraction: float = 0.1
     min_unindexed_rows: int = 0
     max_index_deltas: int = 4
@@ -617,7 +622,10 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
-            files = dataset.optimize.compact_files(materialize_deletions_threshold=policy.max_deleted_fraction)
+            files = dataset.optimize.compact_files(
+                target_rows_per_fragment=policy.target_fragment_rows,
+                materialize_deletions_threshold=policy.max_deleted_fraction,
+            )
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
             _optimize_indices(dataset, policy)

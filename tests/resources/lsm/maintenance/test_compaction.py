@@ -21,7 +21,7 @@ from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.compaction_marker import read_compacted_generations
 from resources.lsm.maintenance import compaction
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes
-from tests.helpers import rows_by_key
+from tests.helpers import rows_by_key, write_generation
 from tests.resources.lsm.maintenance.maintenance_helpers import (
     assert_base_sane,
     assert_view,
@@ -280,6 +280,32 @@ def test_maintenance_compacts_small_fragments_and_catches_indexes_up(tmp_path):
         r.shard_id: r.compacted_generation for r in result.shards
     }
     assert_view(table, batches)
+
+
+@pytest.mark.parametrize("max_deleted_fraction, rewritten", [(0.1, True), (0.3, False)])
+def test_a_tidy_up_rewrites_the_fragments_past_the_policys_deleted_fraction(tmp_path, max_deleted_fraction, rewritten):
+    table = LsmTable.create(str(tmp_path / "t.lance"), EVENTS_SCHEMA, ["id"], num_shards=1)
+    write_generation(table, list(range(1000)), "first")
+    table.compact(maintenance=None)
+    (large,) = [f.fragment_id for f in table.dataset().get_fragments()]
+    for start in range(0, 200, 50):  # 20% of its rows updated, a small fragment added by each merge
+        write_generation(table, list(range(start, start + 50)), "again")
+        table.compact(maintenance=None)
+
+    # The small fragments start the tidy-up; the policy decides whether the large one is rewritten too.
+    write_generation(table, [5], "last")
+    policy = MaintenancePolicy(
+        max_small_fragments=1,
+        small_fragment_rows=500,
+        target_fragment_rows=1000,  # the large fragment is not merged with them for its size
+        max_deleted_fraction=max_deleted_fraction,
+    )
+    tidy = table.compact(maintenance=policy).maintenance
+
+    assert tidy.files_compacted
+    assert (large not in {f.fragment_id for f in table.dataset().get_fragments()}) == rewritten
+    view = rows_by_key(table.read())
+    assert len(view) == 1000 and view[(5,)]["customer"] == "last" and view[(100,)]["customer"] == "again"
 
 
 @pytest.mark.parametrize("delta_fraction, most_segments", [(1.0, 3), (0.0, 2)])
