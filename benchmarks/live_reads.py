@@ -201,10 +201,10 @@ def write_live(
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
 
-def merge_when_due(uri: str, stop: EventType, tidy: MaintenancePolicy, interval_s: float = 5.0) -> None:
+def merge_when_due(uri: str, stop: EventType, policy: MaintenancePolicy, interval_s: float = 5.0) -> None:
     """A merger process: the shards :class:`MergeTrigger`'s defaults pick, merged every ``interval_s`` as the merge
     sensor's runs merge them beside a writer run (only generations with a pending run), tidying the base under
-    ``tidy``. Writes each merge's
+    ``policy``. Writes each merge's
     start (seconds after the merger's), seconds (how many of them tidied the base, what that rewrote, whether a
     concurrent commit pre-empted it) and passes to ``<uri>/merges.json``."""
     began = time.perf_counter()
@@ -215,7 +215,7 @@ def merge_when_due(uri: str, stop: EventType, tidy: MaintenancePolicy, interval_
         due = [state.shard_id for state in table.shards() if trigger.decide(state, time.time())]
         if due:
             started = time.perf_counter()
-            result = table.compact(due, runs_only=True, maintenance=tidy)
+            result = table.compact(due, runs_only=True, maintenance=policy)
             passes = sum(s.passes for s in result.shards)
             joined = passes - sum(s.join_free_passes for s in result.shards)
             tidy = result.maintenance
@@ -248,8 +248,8 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
-    tidy = MaintenancePolicy(max_deleted_fraction=args.max_deleted_fraction)
-    merger = context.Process(target=merge_when_due, args=(uri, stop, tidy))
+    policy = MaintenancePolicy(max_deleted_fraction=args.max_deleted_fraction)
+    merger = context.Process(target=merge_when_due, args=(uri, stop, policy))
     merger.start()
     started = time.monotonic()
     time.sleep(10)  # the writer claimed its shards and cut generations
@@ -258,6 +258,9 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
         writing_for = time.monotonic() - started
         measured = reads(uri, kind, repeat, args.live_probes)
         live.append(measured | {"writer_seconds": writing_for, "until_writer_seconds": time.monotonic() - started})
+    for role, process in (("writer", writer), ("merger", merger)):
+        if process.exitcode is not None:  # its traceback is above: what was measured is not of a live table
+            raise RuntimeError(f"the {role} process stopped during the reads (exit code {process.exitcode})")
     peaks = {role: peak_rss_gb(pid) for role, pid in (("reader", None), ("writer", writer.pid), ("merger", merger.pid))}
     stop.set()
     writer.join()
