@@ -15,7 +15,11 @@ from dagster import AssetExecutionContext, AssetsDefinition, Config, Materialize
 from pydantic import Field
 
 from resources.declared_table import DeclaredTable
-from resources.lsm.maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS
+from resources.lsm.maintenance.policy import (
+    DEFAULT_GRACE_SECONDS,
+    DEFAULT_MAX_DELETED_FRACTION,
+    DEFAULT_MAX_ROWS_PER_PASS,
+)
 
 from .checks import enforce_merge_guards
 from .ingestion import ingested_changes
@@ -45,6 +49,10 @@ class MergeConfig(ShardsConfig):
     max_rows_per_pass: int = Field(
         default=DEFAULT_MAX_ROWS_PER_PASS, description="Rows read from generations per merge commit."
     )
+    max_deleted_fraction: float = Field(
+        default=DEFAULT_MAX_DELETED_FRACTION,
+        description="After merging, rewrite the base's fragments once more than this fraction of its rows are deleted.",
+    )
 
 
 class GcConfig(Config):
@@ -68,7 +76,7 @@ def _gc_defaults(table: DeclaredTable) -> dict[str, Any]:
 
 
 FLUSH_CONFIG = StepConfig(FlushConfig)
-MERGE_CONFIG = StepConfig(MergeConfig)
+MERGE_CONFIG = StepConfig(MergeConfig, lambda table: {"max_deleted_fraction": table.tidy.max_deleted_fraction})
 GC_CONFIG = StepConfig(GcConfig, _gc_defaults)
 
 
@@ -177,10 +185,10 @@ def merge_shards(
     context: AssetExecutionContext,
     table: "LsmTable",
     shards: list["ShardState"],
-    max_rows_per_pass: int,
+    config: MergeConfig,
     table_name: str,
 ) -> dict[str, Any]:
-    """Merge ``shards``' pending generations into the base in one ``compact`` call.
+    """Merge ``shards``' pending generations into the base in one ``compact`` call, then tidy the base.
 
     Each commit carries every shard it merges; a shard with a pending run is
     merged without joining the base (``join_free_commits``). While a run
@@ -192,7 +200,14 @@ def merge_shards(
     if live_runs:
         context.log.info(f"writer runs in progress {live_runs}: generations without a pending run wait for it")
     shard_ids = [s.shard_id for s in shards]
-    result = table.compact(shard_ids, max_rows_per_pass=max_rows_per_pass, runs_only=bool(live_runs))
+    from resources.lsm import MaintenancePolicy
+
+    result = table.compact(
+        shard_ids,
+        max_rows_per_pass=config.max_rows_per_pass,
+        runs_only=bool(live_runs),
+        maintenance=MaintenancePolicy(max_deleted_fraction=config.max_deleted_fraction),
+    )
     bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
     per_shard = {}
     for merged in result.shards:
@@ -267,7 +282,7 @@ def _merged_base(table: DeclaredTable, flushed: AssetsDefinition) -> AssetsDefin
         lsm = open_table(context, table)
         shards = selected_shards(lsm, config.shards)
         enforce_merge_guards(context, lsm, [s.bucket for s in shards], flushed.key)
-        metadata = merge_shards(context, lsm, shards, config.max_rows_per_pass, table.name)
+        metadata = merge_shards(context, lsm, shards, config, table.name)
         return MaterializeResult(metadata=metadata | version_metadata(lsm))
 
     return merged_base

@@ -22,6 +22,7 @@ from dagster import Config
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .lsm.declared_schema import check_type_name
+from .lsm.maintenance.policy import DEFAULT_MAX_DELETED_FRACTION
 from .settings import (
     DEFAULT_TABLE_URI,
     create_table_if_missing,
@@ -117,6 +118,26 @@ class TriggersDeclaration(_Section):
     merge: MergeDeclaration = MergeDeclaration()
 
 
+class TidyDeclaration(_Section):
+    """How a merge tidies the base after merging (``MaintenancePolicy``)."""
+
+    max_deleted_fraction: float = Field(
+        default=DEFAULT_MAX_DELETED_FRACTION,
+        description=(
+            "Rewrite the base's fragments once more than this fraction (0 to 1) of its rows are deleted (every "
+            "update deletes its old row). A rewrite costs about 1/fraction base rows per changed row; scans read "
+            "the deleted rows until then."
+        ),
+    )
+
+    @field_validator("max_deleted_fraction")
+    @classmethod
+    def _a_fraction(cls, fraction: float) -> float:
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"max_deleted_fraction {fraction} must be between 0 and 1 (exclusive)")
+        return fraction
+
+
 class GcDeclaration(_Section):
     """Garbage collection: when, and what it keeps."""
 
@@ -177,6 +198,7 @@ class DeclaredTable(_Section):
     storage_options: dict[str, str] | None = Field(default=None, description="Lance object-store options.")
     landing: LandingDeclaration = LandingDeclaration()
     triggers: TriggersDeclaration = TriggersDeclaration()
+    tidy: TidyDeclaration = TidyDeclaration()
     gc: GcDeclaration = GcDeclaration()
     quality: QualityDeclaration = QualityDeclaration()
     demo: DemoDeclaration | None = Field(default=None, description="Add a generated change stream (demo data).")

@@ -95,8 +95,18 @@ _JOBS = ("ingest_job", "maintenance_job", "quality_job")
         (ORDERS.replace("retention: keep", "retention: forever"), "LandingDeclaration.retention"),
         (ORDERS.replace("name: orders", "name: Orders"), "table name 'Orders'"),
         (ORDERS.replace("columns:", "columns: [\n"), "defs.yaml"),
+        (ORDERS.replace("shards: 2", "shards: 2\n  tidy: {max_deleted_fraction: 1.5}"), "max_deleted_fraction"),
     ],
-    ids=["unknown-type", "missing-key-column", "duplicate-column", "unknown-field", "bad-value", "bad-name", "yaml"],
+    ids=[
+        "unknown-type",
+        "missing-key-column",
+        "duplicate-column",
+        "unknown-field",
+        "bad-value",
+        "bad-name",
+        "yaml",
+        "bad-fraction",
+    ],
 )
 def test_a_bad_declaration_is_reported_with_its_file_and_field_and_the_others_load(tables_dir, text, expected):
     bad = declare(tables_dir, "a_bad", text)

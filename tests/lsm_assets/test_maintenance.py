@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import lance
+import pytest
 from dagster import DagsterRun, DagsterRunStatus, instance_for_test, materialize
 
 from jobs import flush_job, merge_job
@@ -116,6 +117,25 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
         assert table.shards()[1].pending_generations == ()
         assert table.shards()[2].pending_generations != ()
     assert _view(table) == oracle
+
+
+@pytest.mark.parametrize("config, rewritten", [({}, 2), ({"max_deleted_fraction": 0.5}, 0)])
+def test_the_merge_rewrites_the_base_past_the_deleted_fraction_its_run_allows(make_table, config, rewritten):
+    table = make_table(EVENTS_SCHEMA, num_shards=1)
+    write_generation(table, list(range(1000)), "first")
+    table.compact(maintenance=None)
+    write_generation(table, list(range(200)), "again")  # its merge deletes 20% of the base's one fragment
+
+    merged = materialize(
+        [merged_base],
+        resources={"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()},
+        run_config={"ops": {"merged_base": {"config": config}}},
+    )
+
+    metadata = merged.asset_materializations_for_node("merged_base")[0].metadata
+    assert metadata["fragments_rewritten"].value == rewritten  # by default, both fragments into one
+    view = _view(table)
+    assert len(view) == 1000 and view[0]["customer"] == "again" and view[999]["customer"] == "first"
 
 
 def test_beside_live_writers_the_merge_takes_only_generations_with_a_run(make_table):

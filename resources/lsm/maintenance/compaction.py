@@ -81,7 +81,7 @@ from ..read.generations import generation_rows, open_generation
 from ..read.key_hash_files import key_files, write_key_hashes_of_written, write_missing_key_hashes
 from ..read.pending_run import NOT_IN_BASE, PendingRun
 from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
-from .policy import DEFAULT_MAX_ROWS_PER_PASS
+from .policy import DEFAULT_MAX_DELETED_FRACTION, DEFAULT_MAX_ROWS_PER_PASS
 
 MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
@@ -137,7 +137,7 @@ class MaintenancePolicy:
     max_small_fragments: int = 8
     small_fragment_rows: int = 256 * 1024
     target_fragment_rows: int = 1024 * 1024
-    max_deleted_fraction: float = 0.1
+    max_deleted_fraction: float = DEFAULT_MAX_DELETED_FRACTION
     min_unindexed_rows: int = 0
     max_index_deltas: int = 4
     max_index_delta_fraction: float = 0.25

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 DEFAULT_MAX_ROWS_PER_PASS = 1_000_000
 """Generation rows one merge commit reads at most."""
 
+DEFAULT_MAX_DELETED_FRACTION = 0.1
+"""Deleted share of the base's physical rows past which a merge's tidy-up rewrites the fragments holding them."""
+
 DEFAULT_GRACE_SECONDS = 3600.0
 """How long GC keeps consumed WAL entries and orphan directories."""
 
