@@ -232,18 +232,21 @@ def merge_shards(
 
 
 def _maintenance_numbers(context: AssetExecutionContext, done: "BaseMaintenance | None") -> dict[str, float]:
-    """What tidying the base after the merge did and took (part of ``elapsed_s``); zeros when it did not run."""
+    """What tidying the base after the merge did and took (part of ``elapsed_s``), and the share of the base's
+    rows it left deleted (which ``max_deleted_fraction`` bounds); zeros when it did not run."""
     if done is None:
         return {"maintenance_s": 0.0, "fragments_rewritten": 0, "indexes_optimized": 0}
     context.log.info(
         f"base maintenance in {done.elapsed_seconds:.2f}s: {done.fragments_removed} fragments rewritten into "
-        f"{done.fragments_added}, indexes {'optimized' if done.indices_optimized else 'up to date'}"
+        f"{done.fragments_added}, indexes {'optimized' if done.indices_optimized else 'up to date'}, "
+        f"{done.deleted_fraction:.1%} of the base's rows left deleted"
         + (" (pre-empted by a concurrent commit: the next merge tries again)" if done.skipped_by_conflict else "")
     )
     return {
         "maintenance_s": round(done.elapsed_seconds, 3),
         "fragments_rewritten": done.fragments_removed,
         "indexes_optimized": int(done.indices_optimized),
+        "base_deleted_fraction": round(done.deleted_fraction, 4),
     }
 
 

@@ -119,8 +119,12 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
     assert _view(table) == oracle
 
 
-@pytest.mark.parametrize("config, rewritten", [({}, 2), ({"max_deleted_fraction": 0.5}, 0)])
-def test_the_merge_rewrites_the_base_past_the_deleted_fraction_its_run_allows(make_table, config, rewritten):
+@pytest.mark.parametrize(
+    "config, rewritten, left_deleted", [({}, 2, 0.0), ({"max_deleted_fraction": 0.5}, 0, 200 / 1200)]
+)
+def test_the_merge_rewrites_the_base_past_the_deleted_fraction_its_run_allows(
+    make_table, config, rewritten, left_deleted
+):
     table = make_table(EVENTS_SCHEMA, num_shards=1)
     write_generation(table, list(range(1000)), "first")
     table.compact(maintenance=None)
@@ -134,6 +138,7 @@ def test_the_merge_rewrites_the_base_past_the_deleted_fraction_its_run_allows(ma
 
     metadata = merged.asset_materializations_for_node("merged_base")[0].metadata
     assert metadata["fragments_rewritten"].value == rewritten  # by default, both fragments into one
+    assert metadata["base_deleted_fraction"].value == pytest.approx(left_deleted, abs=1e-4)
     view = _view(table)
     assert len(view) == 1000 and view[0]["customer"] == "again" and view[999]["customer"] == "first"
 

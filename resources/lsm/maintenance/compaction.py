@@ -208,6 +208,8 @@ class BaseMaintenance:
     skipped_by_conflict: bool
     base_version: int
     elapsed_seconds: float
+    deleted_fraction: float = 0.0
+    """The share of the base's physical rows left deleted (:func:`deleted_fraction`), after it."""
 
 
 @dataclass(frozen=True)
@@ -632,7 +634,9 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
     except OSError as exc:
         if not _is_commit_conflict(exc):
             raise
-        return BaseMaintenance(False, 0, 0, False, True, dataset.version, time.monotonic() - started)
+        return BaseMaintenance(
+            False, 0, 0, False, True, dataset.version, time.monotonic() - started, deleted_fraction(dataset)
+        )
     return BaseMaintenance(
         files_compacted=files is not None,
         fragments_removed=files.fragments_removed if files else 0,
@@ -641,7 +645,16 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         skipped_by_conflict=False,
         base_version=dataset.latest_version,  # the dataset's own store: no storage options lost
         elapsed_seconds=time.monotonic() - started,
+        deleted_fraction=deleted_fraction(dataset),  # Lance moved the dataset to the versions it committed
     )
+
+
+def deleted_fraction(dataset: lance.LanceDataset) -> float:
+    """The share of ``dataset``'s physical rows that are deleted (updates delete the old row too)."""
+    fragments = [f.metadata for f in dataset.get_fragments()]
+    physical = sum(f.physical_rows for f in fragments)
+    deleted = sum(f.deletion_file.num_deleted_rows or 0 for f in fragments if f.deletion_file)
+    return deleted / physical if physical else 0.0
 
 
 def index_key_columns(dataset: lance.LanceDataset) -> list[str]:
@@ -661,11 +674,8 @@ def index_key_columns(dataset: lance.LanceDataset) -> list[str]:
 
 
 def _needs_file_compaction(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> bool:
-    fragments = [f.metadata for f in dataset.get_fragments()]
-    small = sum(1 for f in fragments if f.physical_rows < policy.small_fragment_rows)
-    physical = sum(f.physical_rows for f in fragments)
-    deleted = sum(f.deletion_file.num_deleted_rows or 0 for f in fragments if f.deletion_file)
-    return small > policy.max_small_fragments or (physical > 0 and deleted / physical > policy.max_deleted_fraction)
+    small = sum(1 for f in dataset.get_fragments() if f.metadata.physical_rows < policy.small_fragment_rows)
+    return small > policy.max_small_fragments or deleted_fraction(dataset) > policy.max_deleted_fraction
 
 
 def _user_indices(dataset: lance.LanceDataset) -> list[str]:
