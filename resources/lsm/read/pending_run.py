@@ -62,6 +62,7 @@ from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresse
 from .generations import newest_per_key, read_generations
 from .key_sets import KeyIndex, key_mask
 from .level_readers import build_in_background, level_readers
+from .rewrites import follow_moved_rows
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ def build_runs(
     read = read_generations(storage, [g for _, g in todo], columns, session=session, map=map)
     tagged = [_tagged(rows, index) for (index, _), rows in zip(todo, read, strict=True)]
     newer = newest_per_key(tagged, columns.append(pa.field(_SHARD, pa.int32())), primary_key)
-    older = _earlier_rows(earlier, present, columns)
+    older = _earlier_rows(earlier, dataset, present, columns)
     rewritten = key_mask(older, newer, primary_key)
     # A re-written key keeps the base row its earlier run found; only the others are looked up.
     carried = addresses_by_key(newer, older.filter(pa.array(rewritten)), primary_key, BASE_ROW_ADDRESS)
@@ -253,19 +254,36 @@ def _tagged(rows: pa.Table, shard_index: int) -> pa.Table:
     return rows.append_column(_SHARD, pa.array(np.full(rows.num_rows, shard_index, dtype=np.int32)))
 
 
-def _earlier_rows(earlier: list[PendingRun | None], fragments: set[int], columns: pa.Schema) -> pa.Table:
-    """The earlier runs' changes, tagged with their shard, with the base rows they found.
+def _earlier_rows(
+    earlier: list[PendingRun | None], dataset: lance.LanceDataset, fragments: set[int], columns: pa.Schema
+) -> pa.Table:
+    """The earlier runs' changes, tagged with their shard, with the base rows they found, as ``dataset`` holds them.
 
-    Null base rows where a rewrite of the base moved the row a run found
-    (:meth:`PendingRun.held_in`: looked up again) or where it was never looked up.
+    A row a rewrite of the base moved is followed to its new address
+    (:func:`~resources.lsm.read.rewrites.follow_moved_rows`); null base rows
+    where it cannot be (looked up again) or where a row was never looked up.
     """
     parts = [columns.append(pa.field(_SHARD, pa.int32())).append(pa.field(BASE_ROW_ADDRESS, pa.uint64())).empty_table()]
     for index, run in enumerate(earlier):
         if run is None:
             continue
-        base_rows = run.held_in(fragments).base_rows
+        base_rows = _followed(run, dataset, fragments)
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
+
+
+def _followed(run: PendingRun, dataset: lance.LanceDataset, fragments: set[int]) -> pa.Array:
+    """``run``'s base rows in ``dataset`` (``fragments``: its ids), those a rewrite moved at their new address."""
+    held = run.held_in(fragments)
+    if held is run:
+        return run.base_rows
+    moved = np.flatnonzero(
+        held.base_rows.is_null().to_numpy(zero_copy_only=False)
+        & run.base_rows.is_valid().to_numpy(zero_copy_only=False)
+    )
+    followed = follow_moved_rows(dataset, run.base_rows.take(moved).to_numpy())
+    found = followed.is_valid().to_numpy(zero_copy_only=False)
+    return _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
 
 
 def _lent_base_rows(

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import lance
 import pyarrow as pa
@@ -71,6 +72,24 @@ def keys_looked_up_in_base(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(pending_run, "base_row_addresses", counting)
     return looked_up
+
+
+def assert_runs_match_a_fresh_build(table: LsmTable) -> None:
+    """Every stored run holds, for each key, the base row a build from no earlier run finds."""
+
+    def base_rows() -> dict[int, int | None]:
+        reader = LsmTable.open(table.uri)
+        runs = [reader.handle.runs.find(shard) for shard in reader.shards()]
+        return {
+            key: row
+            for run in runs
+            for key, row in zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True)
+        }
+
+    stored = base_rows()
+    drop_pending_runs(table)
+    LsmTable.open(table.uri).build_pending_runs()
+    assert stored == base_rows()
 
 
 def assert_reads_and_lookups(table: LsmTable, batches: list[pa.Table]) -> None:
@@ -271,8 +290,8 @@ def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_r
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
 
 
-def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whose_row_moved(tmp_path, monkeypatch):
-    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+def _rewrite_all_but_the_last_fragment(table: LsmTable) -> list[int]:
+    """Rewrite every base fragment but the newest; the keys whose base row a stored run holds and it moved."""
     kept = max(fragment_ids(table.dataset()))
     table.dataset().optimize.compact_files(excluded_fragment_ids=[kept], materialize_deletions_threshold=0.0)
     assert kept in fragment_ids(table.dataset()) and len(fragment_ids(table.dataset())) > 1
@@ -284,6 +303,14 @@ def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whos
     ]
     moved = sorted(key for key, row in rows if row >> 32 != kept)
     assert moved and len(moved) < len(rows)  # the kept fragment holds some of the runs' rows
+    return moved
+
+
+def test_a_rewrite_of_some_fragments_joins_only_the_keys_whose_row_moved_and_the_next_build_follows_them(
+    tmp_path, monkeypatch
+):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    moved = _rewrite_all_but_the_last_fragment(table)
 
     reader = LsmTable.open(table.uri)
     levels = resolve_levels(reader.handle.snapshot(fresh=True), ["id"])
@@ -292,9 +319,22 @@ def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whos
 
     looked_up = keys_looked_up_in_base(monkeypatch)
     assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
-    assert sorted(looked_up) == moved
+    assert looked_up == []  # every moved row followed through the rewrite's transaction
     assert resolve_levels(LsmTable.open(table.uri).handle.snapshot(fresh=True), ["id"]).joined_keys.num_rows == 0
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert_runs_match_a_fresh_build(table)
+
+
+def test_rows_a_rewrite_moved_are_looked_up_again_once_its_version_is_gone(tmp_path, monkeypatch):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    moved = _rewrite_all_but_the_last_fragment(table)
+    table.dataset().cleanup_old_versions(older_than=timedelta(0))  # the version the rewrite read, and its files
+
+    looked_up = keys_looked_up_in_base(monkeypatch)
+    assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
+    assert sorted(looked_up) == moved
+    assert_reads_and_lookups(LsmTable.open(table.uri), batches)
+    assert_runs_match_a_fresh_build(table)
 
 
 def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
