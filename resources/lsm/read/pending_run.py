@@ -236,7 +236,7 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    holding = [run.held_in(present) for run in (lenders or {}).values()]
+    holding = [_followed(run, dataset, present) for run in (lenders or {}).values()]
     known = _lent_base_rows(dataset, resolved.select(primary_key), known, holding, primary_key)
     base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
@@ -267,23 +267,24 @@ def _earlier_rows(
     for index, run in enumerate(earlier):
         if run is None:
             continue
-        base_rows = _followed(run, dataset, fragments)
+        base_rows = _followed(run, dataset, fragments).base_rows
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
 
 
-def _followed(run: PendingRun, dataset: lance.LanceDataset, fragments: set[int]) -> pa.Array:
-    """``run``'s base rows in ``dataset`` (``fragments``: its ids), those a rewrite moved at their new address."""
+def _followed(run: PendingRun, dataset: lance.LanceDataset, fragments: set[int]) -> PendingRun:
+    """``run`` as ``dataset`` (``fragments``: its ids) holds it: the rows a rewrite moved at their new address."""
     held = run.held_in(fragments)
     if held is run:
-        return run.base_rows
+        return run
     moved = np.flatnonzero(
         held.base_rows.is_null().to_numpy(zero_copy_only=False)
         & run.base_rows.is_valid().to_numpy(zero_copy_only=False)
     )
     followed = follow_moved_rows(dataset, run.base_rows.take(moved).to_numpy())
     found = followed.is_valid().to_numpy(zero_copy_only=False)
-    return _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
+    base_rows = _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
+    return PendingRun(run.shard_id, run.generations, run.changes, base_rows)
 
 
 def _lent_base_rows(

@@ -61,6 +61,10 @@ def current_runs(table: LsmTable) -> list[str]:
     return [run_path(s.shard_id, s.pending_generations) for s in table.shards()]
 
 
+REWRITE_EVERY_FRAGMENT = MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30)
+"""A tidy-up that rewrites the whole base: every row a run found moves."""
+
+
 def keys_looked_up_in_base(monkeypatch) -> list[int]:
     """The ids every later base probe of a run build asks for, as they come (``pending_run.base_row_addresses``)."""
     looked_up: list[int] = []
@@ -282,7 +286,7 @@ def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, capl
 def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_refreshes_them(tmp_path):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     before = fragment_ids(table.dataset())
-    maintain_base(table.dataset(), MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30))
+    maintain_base(table.dataset(), REWRITE_EVERY_FRAGMENT)
     assert not before & fragment_ids(table.dataset())  # every row has a new address
     assert_reads_and_lookups(LsmTable.open(table.uri), batches)
     assert sorted(table.build_pending_runs()) == sorted(table.shard_ids)
@@ -365,8 +369,12 @@ def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, m
     assert_reads_and_lookups(LsmTable.open(table.uri), [*batches, newest])
 
 
-@pytest.mark.parametrize("lent", [True, False], ids=["base-much-larger-than-the-keys", "base-cheaper-to-scan"])
-def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest(tmp_path, monkeypatch, lent):
+@pytest.mark.parametrize(
+    "lent, tidy",
+    [(True, None), (False, None), (True, REWRITE_EVERY_FRAGMENT)],
+    ids=["base-much-larger-than-the-keys", "base-cheaper-to-scan", "rows-followed-through-the-merges-tidy-up"],
+)
+def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest(tmp_path, monkeypatch, lent, tidy):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     # This base holds ~4k rows for ~300 keys: lending pays from 100 rows a key on, so it is made to pay here.
     monkeypatch.setattr(pending_run, "_ROWS_SCANNED_PER_KEY_LENT", 1 if lent else 1 << 30)
@@ -388,7 +396,7 @@ def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest
         return commit_data(*args, **kwargs)
 
     monkeypatch.setattr(compaction, "commit_data", keeper_meanwhile)
-    merged = table.compact(maintenance=None)  # then builds the run over the rest
+    merged = table.compact(maintenance=tidy)  # then builds the run over the rest
     assert all(s.pending_generations == 1 and s.join_free_passes == s.passes == 1 for s in merged.shards)
 
     # Lent, the untouched keys kept the rows the longer runs found.
