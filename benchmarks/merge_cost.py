@@ -115,7 +115,7 @@ def attempt(data: Path, kind: str, rows: int, seed: int) -> dict[str, float]:
     assert all(s.join_free_passes == s.passes == 1 for s in result.shards), result
     sample |= {"join_free_s": result.elapsed_seconds} | timer.seconds
     started = time.perf_counter()
-    maintain_base(table.dataset(), MaintenancePolicy())
+    maintain_base(table.handle.storage, table.dataset(), MaintenancePolicy())
     sample["index_upkeep_s"] = time.perf_counter() - started
     assert index_finds_merged_rows(table, kind, upserts), "the key index lost merged rows"
 

@@ -22,8 +22,9 @@ pairs (``--repeat``), side by side:
   keys whose row moved looked up again instead (the rule before following),
   and under the whole-run rule (every key looked up again).
 
-``--rewritten 63`` rewrites all but the last of a 64Mi base's fragments, as
-the tidy-ups that random upserts bring on do.
+``--rewritten 0`` rewrites the whole base instead, as the tidy-ups that
+random upserts bring on do, through a merge's tidy-up (``maintain_base``:
+neighbouring fragments merged in pairs), which records where it put the rows.
 
 Results: ``benchmarks/results/runs_after_rewrite.{json,md}`` (``--out``).
 """
@@ -48,8 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.runs_after_merge import write
 from benchmarks.scale import add_base_arguments, alternating_wall_and_cpu, drain, on_each_base, save_results
-from resources.lsm import LsmTable
+from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.maintenance.compaction import maintain_base
 from resources.lsm.read import pending_run
 from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
 from resources.lsm.read.merged_read import resolve_levels
@@ -77,7 +79,7 @@ def whole_run_rule() -> Iterator[None]:
 def moved_rows_looked_up() -> Iterator[None]:
     """Builds as before they followed moved rows through the rewrite: every row that moved is looked up again."""
     follow = pending_run.follow_moved_rows
-    pending_run.follow_moved_rows = lambda dataset, addresses: pa.nulls(len(addresses), pa.uint64())  # type: ignore[assignment]
+    pending_run.follow_moved_rows = lambda storage, dataset, addresses: pa.nulls(len(addresses), pa.uint64())  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -90,6 +92,21 @@ RULES: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "whole_run": whole_run_rule,
 }
 """How a build treats the rows of runs a rewrite moved: followed, looked up again, or every key looked up."""
+
+
+def rewrite_whole_base(uri: str) -> list[int]:
+    """Rewrite every base fragment through a tidy-up, neighbours merged in pairs; the ids of those rewritten."""
+    table = LsmTable.open(uri)
+    dataset = table.dataset()
+    fragments = dataset.get_fragments()
+    pairs = 2 * max(f.metadata.physical_rows for f in fragments)
+    policy = MaintenancePolicy(max_small_fragments=0, small_fragment_rows=pairs, target_fragment_rows=pairs)
+    maintain_base(table.handle.storage, dataset, policy)
+    after = table.dataset()
+    write_missing_key_hashes(
+        table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after)
+    )
+    return [f.fragment_id for f in fragments]
 
 
 def rewrite_first(uri: str, count: int) -> list[int]:
@@ -156,7 +173,7 @@ def measure(uri: str, kind: str, args: argparse.Namespace, scratch: Path) -> dic
     runs = scratch / f"{kind}-runs"
     shutil.copytree(Path(uri, RUNS_DIR), runs)
     started = time.perf_counter()
-    rewritten = rewrite_first(uri, args.rewritten)
+    rewritten = rewrite_first(uri, args.rewritten) if args.rewritten else rewrite_whole_base(uri)
     result: dict[str, Any] = {
         "fragments_rewritten": len(rewritten),
         "rewrite_s": time.perf_counter() - started,
@@ -180,8 +197,9 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"`benchmarks/runs_after_rewrite.py`, base of {results['rows']:,} rows, 4 shards, runs over "
         f"{results['generations']} writes of {results['generation_rows']:,} random upserts, then "
-        f"{results['rewritten']} base fragments rewritten into one. Now: a run's row is trusted while its "
-        "fragment is in the base; before: a run pointing into a rewritten fragment was not trusted at all. "
+        f"{results['rewritten'] or 'all'} base fragments rewritten (all: by a tidy-up, in pairs; else into one). "
+        "Now: a run's row is trusted while its fragment is in the base, and the next build follows the rows a "
+        "recorded rewrite moved; before: a run pointing into a rewritten fragment was not trusted at all. "
         "Medians of alternating runs from the same state (scans: wall / CPU seconds).",
         "",
         "| key | keys joined now / before | merged scan now | merged scan before | base scan "
@@ -206,7 +224,9 @@ def main() -> None:
     add_base_arguments(parser, "runs_after_rewrite")
     parser.add_argument("--generations", type=int, default=16, help="writes with runs before the rewrite")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per write")
-    parser.add_argument("--rewritten", type=int, default=2, help="base fragments rewritten into one")
+    parser.add_argument(
+        "--rewritten", type=int, default=2, help="base fragments rewritten into one (0: the whole base, a tidy-up)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds")
     args = parser.parse_args()
     results: dict[str, Any] = {

@@ -73,6 +73,7 @@ from lance.mem_wal import CompactedSsTable
 
 from ..format.schema import TOMBSTONE_COLUMN, conform, empty_tail, primary_key_of
 from ..format.shard_state import ShardState
+from ..format.storage import TableStorage
 from ..handle import TableHandle
 from ..read.dedup import keep_last_per_key
 from ..read.deletion_vector import fragment_ids
@@ -80,6 +81,7 @@ from ..read.filter_text import in_list, sql_literal
 from ..read.generations import generation_rows, open_generation
 from ..read.key_hash_files import key_files, write_key_hashes_of_written, write_missing_key_hashes
 from ..read.pending_run import NOT_IN_BASE, PendingRun
+from ..read.rewrites import compact_recording_moves
 from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
 from .policy import DEFAULT_MAX_DELETED_FRACTION, DEFAULT_MAX_ROWS_PER_PASS
 
@@ -322,7 +324,7 @@ def compact(
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
-    tidy = maintain_base(table.dataset(), maintenance) if merged and maintenance else None
+    tidy = maintain_base(table.storage, table.dataset(), maintenance) if merged and maintenance else None
     if tidy is not None and tidy.files_compacted:
         # The rewritten fragments' key indexes, read back now: reads and run builds search them, not Lance's query.
         base = table.dataset()
@@ -612,11 +614,13 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
     return f"concat({', '.join(parts)}) IN ({', '.join(sql_literal(e) for e in encoded)})"
 
 
-def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> BaseMaintenance:
+def maintain_base(storage: TableStorage, dataset: lance.LanceDataset, policy: MaintenancePolicy) -> BaseMaintenance:
     """Compact small or deletion-heavy fragments, then bring indexes up to date.
 
     Both steps are ordinary Lance commits that leave the table's rows (and the
-    compacted markers) unchanged. ``compact_files`` drops the MemWAL index
+    compacted markers) unchanged; where the rewrite put the rows it moved
+    is recorded for the next build of pending runs
+    (:mod:`~resources.lsm.read.rewrites`). ``compact_files`` drops the MemWAL index
     catch-up record, so indexes are always optimized after it.
     """
     started = time.monotonic()
@@ -624,7 +628,9 @@ def maintain_base(dataset: lance.LanceDataset, policy: MaintenancePolicy) -> Bas
         index_key_columns(dataset)
         files = None
         if _needs_file_compaction(dataset, policy):
-            files = dataset.optimize.compact_files(
+            files = compact_recording_moves(
+                storage,
+                dataset,
                 target_rows_per_fragment=policy.target_fragment_rows,
                 materialize_deletions_threshold=policy.max_deleted_fraction,
             )

@@ -229,14 +229,14 @@ def build_runs(
     read = read_generations(storage, [g for _, g in todo], columns, session=session, map=map)
     tagged = [_tagged(rows, index) for (index, _), rows in zip(todo, read, strict=True)]
     newer = newest_per_key(tagged, columns.append(pa.field(_SHARD, pa.int32())), primary_key)
-    older = _earlier_rows(earlier, dataset, present, columns)
+    older = _earlier_rows(earlier, storage, dataset, present, columns)
     rewritten = key_mask(older, newer, primary_key)
     # A re-written key keeps the base row its earlier run found; only the others are looked up.
     carried = addresses_by_key(newer, older.filter(pa.array(rewritten)), primary_key, BASE_ROW_ADDRESS)
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    holding = [_followed(run, dataset, present) for run in (lenders or {}).values()]
+    holding = [_followed(run, storage, dataset, present) for run in (lenders or {}).values()]
     known = _lent_base_rows(dataset, resolved.select(primary_key), known, holding, primary_key)
     base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
@@ -255,7 +255,11 @@ def _tagged(rows: pa.Table, shard_index: int) -> pa.Table:
 
 
 def _earlier_rows(
-    earlier: list[PendingRun | None], dataset: lance.LanceDataset, fragments: set[int], columns: pa.Schema
+    earlier: list[PendingRun | None],
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    fragments: set[int],
+    columns: pa.Schema,
 ) -> pa.Table:
     """The earlier runs' changes, tagged with their shard, with the base rows they found, as ``dataset`` holds them.
 
@@ -267,12 +271,12 @@ def _earlier_rows(
     for index, run in enumerate(earlier):
         if run is None:
             continue
-        base_rows = _followed(run, dataset, fragments).base_rows
+        base_rows = _followed(run, storage, dataset, fragments).base_rows
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
 
 
-def _followed(run: PendingRun, dataset: lance.LanceDataset, fragments: set[int]) -> PendingRun:
+def _followed(run: PendingRun, storage: TableStorage, dataset: lance.LanceDataset, fragments: set[int]) -> PendingRun:
     """``run`` as ``dataset`` (``fragments``: its ids) holds it: the rows a rewrite moved at their new address."""
     held = run.held_in(fragments)
     if held is run:
@@ -281,7 +285,7 @@ def _followed(run: PendingRun, dataset: lance.LanceDataset, fragments: set[int])
         held.base_rows.is_null().to_numpy(zero_copy_only=False)
         & run.base_rows.is_valid().to_numpy(zero_copy_only=False)
     )
-    followed = follow_moved_rows(dataset, run.base_rows.take(moved).to_numpy())
+    followed = follow_moved_rows(storage, dataset, run.base_rows.take(moved).to_numpy())
     found = followed.is_valid().to_numpy(zero_copy_only=False)
     base_rows = _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
     return PendingRun(run.shard_id, run.generations, run.changes, base_rows)

@@ -4,63 +4,136 @@ Lance's compaction reads each group of fragments in order, skipping deleted
 rows, and writes the live rows in that order into the group's new
 fragments. So the i-th live row of a group's old fragments is the i-th row
 of its new ones, and a row a pending run found can be followed to its new
-address from the rewrite's transaction alone (the group's old fragments, as
-of the version it read, and the row counts of the new ones): no key is
-looked up, and the cost follows the rows followed, not the base.
+address from the group alone (its old fragments, as of the version the
+rewrite read, and the row counts of the new ones): no key is looked up, and
+the cost follows the rows followed, not the base.
+
+pylance 14.0.2 cannot read back the transaction of a rewrite that remapped
+an index (every table here has its key's), so :func:`compact_recording_moves`
+records the groups itself: it plans the compaction as ``compact_files``
+will, runs it, and stores the groups under ``_lsm_rewrites/``, named by the
+version committed. A rewrite without a record (someone else's, or one whose
+record was not written) moves rows that are then looked up again.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
-from lance.dataset import LanceOperation
+from lance.optimize import Compaction, CompactionMetrics, CompactionOptions
 
+from ..format.layout import REWRITES_DIR
 from ..format.schema import ROW_ADDRESS
+from ..format.storage import TableStorage
+from ..lru_cache import LruCache
 
-TRANSACTIONS_SEARCHED = 64
-"""Base versions, newest first, searched for the rewrites that moved rows (a run is rebuilt within minutes;
-merges and index updates commit a few versions a minute)."""
+log = logging.getLogger(__name__)
+
+REWRITES_FOLLOWED = 64
+"""Newest rewrite records read (a run is rebuilt within minutes; a tidy-up rewrites at most every few)."""
 
 _OFFSET_BITS = np.uint64(32)
+_RECORDS: LruCache[tuple[str, str], list[_RewriteGroup]] = LruCache(max_entries=1024)
+"""Rewrite records read (table location, file name): a record never changes."""
 
 
-@dataclass(frozen=True, eq=False)  # identity: each group is read from its transaction once
+@dataclass(frozen=True, eq=False)  # identity: each group is read from its record once
 class _RewriteGroup:
     """Fragments one rewrite replaced, in the order it read them, and those it wrote."""
 
     read_version: int
     old_fragment_ids: np.ndarray
-    old_live_rows: list[int | None]
-    """Each old fragment's rows the rewrite read (``None``: its deletion file did not say)."""
+    old_live_rows: np.ndarray
     new_fragment_ids: np.ndarray
     new_fragment_ends: np.ndarray
     """Cumulative rows of the new fragments: the group's row ``i`` is in the first one whose end exceeds ``i``."""
 
 
-def follow_moved_rows(dataset: lance.LanceDataset, addresses: np.ndarray) -> pa.Array:
+def compact_recording_moves(
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    target_rows_per_fragment: int,
+    materialize_deletions_threshold: float,
+) -> CompactionMetrics:
+    """``dataset.optimize.compact_files`` with these options, recording where it put the rows it moved.
+
+    The groups are planned before (``Compaction.plan`` with the same options
+    on the same version: what ``compact_files`` plans) and matched, in
+    order, with the fragments the commit added, by their row counts. Nothing
+    is recorded when they do not match (a plan that differed): the rows are
+    then looked up again.
+    """
+    options = CompactionOptions(
+        target_rows_per_fragment=target_rows_per_fragment,
+        materialize_deletions_threshold=materialize_deletions_threshold,
+    )
+    read_version = dataset.version
+    planned = [list(task.fragments) for task in Compaction.plan(dataset, options).tasks]
+    before = {fragment.fragment_id for fragment in dataset.get_fragments()}
+    metrics = dataset.optimize.compact_files(
+        target_rows_per_fragment=target_rows_per_fragment,
+        materialize_deletions_threshold=materialize_deletions_threshold,
+    )
+    added = sorted(
+        (f.fragment_id, f.metadata.physical_rows) for f in dataset.get_fragments() if f.fragment_id not in before
+    )
+    groups = _matched(planned, added)
+    if groups is None:
+        log.warning("rewrite of version %d: the fragments it added do not match its plan; not recorded", read_version)
+        return metrics
+    record = {"read_version": read_version, "groups": groups}
+    storage.write_bytes_atomic(f"{REWRITES_DIR}/{dataset.version:020d}.json", json.dumps(record).encode())
+    return metrics
+
+
+def _matched(planned: list[list[Any]], added: list[tuple[int, int]]) -> list[dict[str, list[list[int]]]] | None:
+    """Each planned group's old fragments (id, live rows) and the added fragments (id, rows) holding its rows."""
+    groups, rest = [], list(added)
+    for fragments in planned:
+        old = [
+            [f.id, f.physical_rows - ((f.deletion_file.num_deleted_rows or 0) if f.deletion_file else 0)]
+            for f in fragments
+        ]
+        live, written, new = sum(rows for _, rows in old), 0, []
+        while rest and written < live:
+            fragment_id, rows = rest.pop(0)
+            new.append([fragment_id, rows])
+            written += rows
+        if written != live:
+            return None
+        groups.append({"old": old, "new": new})
+    return groups if not rest else None
+
+
+def follow_moved_rows(storage: TableStorage, dataset: lance.LanceDataset, addresses: np.ndarray) -> pa.Array:
     """The address in ``dataset`` of each row at ``addresses`` (``uint64``, of earlier base versions).
 
     A row in a fragment ``dataset`` still holds keeps its address; one in a
-    fragment a rewrite replaced is followed to where that rewrite (and any
-    later one) put it. Null where a row cannot be followed: it was deleted
-    before the rewrite read it, the rewrite is older than the versions
-    searched (:data:`TRANSACTIONS_SEARCHED`) or its old version is gone, or
-    the base has stable row ids (addresses are then not what runs hold).
+    fragment a recorded rewrite replaced is followed to where that rewrite
+    (and any later one) put it. Null where a row cannot be followed: it was
+    deleted before the rewrite read it, the rewrite was not recorded (or is
+    older than the :data:`REWRITES_FOLLOWED` newest), the version it read is
+    gone, or the base has stable row ids (addresses are then not what runs
+    hold).
     """
     present = np.fromiter((f.fragment_id for f in dataset.get_fragments()), dtype=np.uint64)
     followed = addresses.astype(np.uint64, copy=True)
     lost = np.zeros(len(followed), dtype=bool)
     groups: dict[int, _RewriteGroup] | None = None
-    for _ in range(TRANSACTIONS_SEARCHED):  # each pass follows the rows one rewrite further
+    for _ in range(REWRITES_FOLLOWED):  # each pass follows the rows one rewrite further
         fragment_of = followed >> _OFFSET_BITS
         moved = ~lost & ~np.isin(fragment_of, present)
         if not moved.any():
             break
         if groups is None:
-            groups = {} if dataset.has_stable_row_ids else _rewrite_groups(dataset)
+            groups = {} if dataset.has_stable_row_ids else _recorded_groups(storage)
         before = followed.copy()
         replaced_by = {groups[f] for f in map(int, np.unique(fragment_of[moved])) if f in groups}
         for group in replaced_by:
@@ -68,31 +141,35 @@ def follow_moved_rows(dataset: lance.LanceDataset, addresses: np.ndarray) -> pa.
             new, found = _in_new_fragments(dataset, group, followed[rows])
             followed[rows[found]] = new[found]
             lost[rows[~found]] = True
-        lost |= moved & (followed == before)  # no rewrite searched replaced their fragment
+        lost |= moved & (followed == before)  # no recorded rewrite replaced their fragment
     return pa.array(followed, pa.uint64(), mask=lost)
 
 
-def _rewrite_groups(dataset: lance.LanceDataset) -> dict[int, _RewriteGroup]:
-    """The rewrite group that replaced each fragment id, over the latest :data:`TRANSACTIONS_SEARCHED` versions."""
+def _recorded_groups(storage: TableStorage) -> dict[int, _RewriteGroup]:
+    """The recorded rewrite group that replaced each fragment id, over the newest :data:`REWRITES_FOLLOWED`."""
+    names = sorted(entry.name for entry in storage.list_files(REWRITES_DIR) if entry.name.endswith(".json"))
     groups: dict[int, _RewriteGroup] = {}
-    for transaction in dataset.get_transactions(TRANSACTIONS_SEARCHED):
-        if transaction is None or not isinstance(transaction.operation, LanceOperation.Rewrite):
-            continue
-        for replaced in transaction.operation.groups:
-            group = _RewriteGroup(
-                read_version=transaction.read_version,
-                old_fragment_ids=np.array([f.id for f in replaced.old_fragments], dtype=np.uint64),
-                old_live_rows=[_live_rows(f) for f in replaced.old_fragments],
-                new_fragment_ids=np.array([f.id for f in replaced.new_fragments], dtype=np.uint64),
-                new_fragment_ends=np.cumsum([f.physical_rows for f in replaced.new_fragments], dtype=np.int64),
-            )
+    for name in names[-REWRITES_FOLLOWED:]:
+        for group in _RECORDS.get((storage.location, name), partial(_read_record, storage, name)):
             groups.update((int(fragment_id), group) for fragment_id in group.old_fragment_ids)
     return groups
 
 
-def _live_rows(fragment: lance.FragmentMetadata) -> int | None:
-    deleted = fragment.deletion_file.num_deleted_rows if fragment.deletion_file else 0
-    return None if deleted is None else fragment.physical_rows - deleted
+def _read_record(storage: TableStorage, name: str) -> list[_RewriteGroup]:
+    record = json.loads(storage.read_bytes(f"{REWRITES_DIR}/{name}"))
+    groups = []
+    for group in record["groups"]:
+        old, new = np.array(group["old"], dtype=np.int64), np.array(group["new"], dtype=np.int64)
+        groups.append(
+            _RewriteGroup(
+                read_version=int(record["read_version"]),
+                old_fragment_ids=old[:, 0].astype(np.uint64),
+                old_live_rows=old[:, 1],
+                new_fragment_ids=new[:, 0].astype(np.uint64),
+                new_fragment_ends=np.cumsum(new[:, 1]),
+            )
+        )
+    return groups
 
 
 def _in_new_fragments(
@@ -107,21 +184,20 @@ def _in_new_fragments(
     """
     ranks = np.full(len(addresses), -1, dtype=np.int64)
     fragment_of = addresses >> _OFFSET_BITS
+    firsts = np.concatenate([[0], np.cumsum(group.old_live_rows)[:-1]])
     try:
         before = dataset.checkout_version(group.read_version)
-        first = 0
-        for fragment_id, live_rows in zip(group.old_fragment_ids, group.old_live_rows, strict=True):
+        for fragment_id, first in zip(group.old_fragment_ids, firsts, strict=True):
             mine = np.flatnonzero(fragment_of == fragment_id)
-            if len(mine) or live_rows is None:
-                old = before.get_fragment(int(fragment_id))
-                if old is None:
-                    return addresses, np.zeros(len(addresses), dtype=bool)
-                read = old.scanner(columns=[], with_row_address=True).to_table().column(ROW_ADDRESS).to_numpy()
-                at = np.minimum(np.searchsorted(read, addresses[mine]), max(len(read) - 1, 0))
-                hit = (at < len(read)) & (read[at] == addresses[mine]) if len(read) else np.zeros(len(mine), bool)
-                ranks[mine[hit]] = first + at[hit]
-                live_rows = len(read)
-            first += live_rows
+            if not len(mine):
+                continue
+            old = before.get_fragment(int(fragment_id))
+            if old is None:
+                return addresses, np.zeros(len(addresses), dtype=bool)
+            read = old.scanner(columns=[], with_row_address=True).to_table().column(ROW_ADDRESS).to_numpy()
+            at = np.minimum(np.searchsorted(read, addresses[mine]), max(len(read) - 1, 0))
+            hit = read[at] == addresses[mine] if len(read) else np.zeros(len(mine), dtype=bool)
+            ranks[mine[hit]] = first + at[hit]
     except (OSError, ValueError):  # the version or its files are gone (garbage collected)
         return addresses, np.zeros(len(addresses), dtype=bool)
     found = (ranks >= 0) & (ranks < group.new_fragment_ends[-1])

@@ -142,7 +142,11 @@ class LsmTableMachine(RuleBasedStateMachine):
     @rule()
     def rewrite_base_files(self) -> None:
         """``compact_files`` gives base rows new addresses: stored deletion vectors go stale."""
-        maintain_base(self.table.dataset(), MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30))
+        maintain_base(
+            self.table.handle.storage,
+            self.table.dataset(),
+            MaintenancePolicy(max_small_fragments=0, small_fragment_rows=1 << 30),
+        )
 
     @rule()
     def collect_garbage(self) -> None:

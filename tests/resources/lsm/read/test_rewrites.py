@@ -1,0 +1,59 @@
+"""Rows a recorded rewrite of the base moved are followed to where they are now, through chains of rewrites."""
+
+from __future__ import annotations
+
+import json
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from resources.lsm.format.layout import REWRITES_DIR
+from resources.lsm.format.storage import TableStorage
+from resources.lsm.read.rewrites import compact_recording_moves, follow_moved_rows
+
+
+def _addresses_by_id(dataset: lance.LanceDataset) -> dict[int, int]:
+    rows = dataset.to_table(columns=["id"], with_row_address=True)
+    return dict(zip(rows["id"].to_pylist(), rows["_rowaddr"].to_pylist(), strict=True))
+
+
+@pytest.fixture
+def table(tmp_path) -> tuple[TableStorage, lance.LanceDataset]:
+    """3,000 rows in 15 fragments of 200, with a BTREE on ``id`` (every rewrite remaps it)."""
+    uri = str(tmp_path / "t.lance")
+    dataset = lance.write_dataset(pa.table({"id": np.arange(3000)}), uri, max_rows_per_file=200)
+    dataset.create_scalar_index("id", "BTREE")
+    return TableStorage(uri), dataset
+
+
+def test_rows_are_followed_through_two_rewrites_of_several_groups_and_deleted_ones_are_not(table):
+    storage, dataset = table
+    first = _addresses_by_id(dataset)
+    # Fragment 7 keeps all its rows: it splits the first rewrite into two groups.
+    dataset.delete("(id % 7 = 3 AND (id < 1400 OR id >= 1600)) OR id < 150 OR (id > 2420 AND id < 2433)")
+    compact_recording_moves(storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05)
+    assert 7 in {f.fragment_id for f in dataset.get_fragments()}
+    dataset.delete("id % 11 = 5")
+    compact_recording_moves(storage, dataset, target_rows_per_fragment=1000, materialize_deletions_threshold=0.05)
+    records = sorted(entry.name for entry in storage.list_files(REWRITES_DIR))
+    assert len(records) == 2
+    assert len(json.loads(storage.read_bytes(f"{REWRITES_DIR}/{records[0]}"))["groups"]) > 1
+
+    now = _addresses_by_id(dataset)
+    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+
+    assert followed.to_pylist() == [now.get(key) for key in first]  # null: deleted before a rewrite read it
+    assert 0 < followed.null_count == len(first) - len(now)
+
+
+def test_rows_of_a_rewrite_not_recorded_are_not_followed(table):
+    storage, dataset = table
+    first = _addresses_by_id(dataset)
+    dataset.delete("id < 150")
+    dataset.optimize.compact_files(materialize_deletions_threshold=0.05)  # Lance's own: no record
+
+    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+
+    assert followed.null_count == len(first)
