@@ -37,7 +37,7 @@ from ..lru_cache import LruCache
 log = logging.getLogger(__name__)
 
 REWRITES_FOLLOWED = 64
-"""Newest rewrite records read (a run is rebuilt within minutes; a tidy-up rewrites at most every few)."""
+"""Newest rewrite records read, and kept (a run is rebuilt within minutes; a tidy-up rewrites at most every few)."""
 
 _OFFSET_BITS = np.uint64(32)
 _RECORDS: LruCache[tuple[str, str], list[_RewriteGroup]] = LruCache(max_entries=1024)
@@ -90,7 +90,14 @@ def compact_recording_moves(
         return metrics
     record = {"read_version": read_version, "groups": groups}
     storage.write_bytes_atomic(f"{REWRITES_DIR}/{dataset.version:020d}.json", json.dumps(record).encode())
+    for name in _record_names(storage)[:-REWRITES_FOLLOWED]:  # older than any a build reads
+        storage.delete_file(f"{REWRITES_DIR}/{name}")
     return metrics
+
+
+def _record_names(storage: TableStorage) -> list[str]:
+    """The rewrite records' file names, oldest first (named by the version the rewrite committed)."""
+    return sorted(entry.name for entry in storage.list_files(REWRITES_DIR) if entry.name.endswith(".json"))
 
 
 def _matched(planned: list[list[Any]], added: list[tuple[int, int]]) -> list[dict[str, list[list[int]]]] | None:
@@ -147,9 +154,8 @@ def follow_moved_rows(storage: TableStorage, dataset: lance.LanceDataset, addres
 
 def _recorded_groups(storage: TableStorage) -> dict[int, _RewriteGroup]:
     """The recorded rewrite group that replaced each fragment id, over the newest :data:`REWRITES_FOLLOWED`."""
-    names = sorted(entry.name for entry in storage.list_files(REWRITES_DIR) if entry.name.endswith(".json"))
     groups: dict[int, _RewriteGroup] = {}
-    for name in names[-REWRITES_FOLLOWED:]:
+    for name in _record_names(storage)[-REWRITES_FOLLOWED:]:
         for group in _RECORDS.get((storage.location, name), partial(_read_record, storage, name)):
             groups.update((int(fragment_id), group) for fragment_id in group.old_fragment_ids)
     return groups

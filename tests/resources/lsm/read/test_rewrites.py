@@ -11,6 +11,7 @@ import pytest
 
 from resources.lsm.format.layout import REWRITES_DIR
 from resources.lsm.format.storage import TableStorage
+from resources.lsm.read import rewrites
 from resources.lsm.read.rewrites import compact_recording_moves, follow_moved_rows
 
 
@@ -46,6 +47,23 @@ def test_rows_are_followed_through_two_rewrites_of_several_groups_and_deleted_on
 
     assert followed.to_pylist() == [now.get(key) for key in first]  # null: deleted before a rewrite read it
     assert 0 < followed.null_count == len(first) - len(now)
+
+
+def test_only_the_newest_records_are_kept(table, monkeypatch):
+    storage, dataset = table
+    monkeypatch.setattr(rewrites, "REWRITES_FOLLOWED", 1)
+    first = _addresses_by_id(dataset)
+    for deleted in ("id < 150", "id % 11 = 5"):
+        dataset.delete(deleted)
+        compact_recording_moves(storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05)
+
+    assert [entry.name for entry in storage.list_files(REWRITES_DIR)] == [f"{dataset.version:020d}.json"]
+    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+    now = _addresses_by_id(dataset)
+    followed_to = dict(zip(first, followed.to_pylist(), strict=True))
+    assert all(now[key] == address for key, address in followed_to.items() if address is not None)
+    # The first rewrite's record is gone: the rows it moved are lost along with the deleted ones.
+    assert followed.null_count > len(first) - len(now)
 
 
 def test_rows_of_a_rewrite_not_recorded_are_not_followed(table):
