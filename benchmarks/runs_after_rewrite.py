@@ -193,7 +193,7 @@ def measure(uri: str, kind: str, args: argparse.Namespace, scratch: Path) -> dic
 
 def render(results: dict[str, Any]) -> str:
     lines = [
-        "# Pending runs after a rewrite of a few base fragments",
+        "# Pending runs after a rewrite of base fragments",
         "",
         f"`benchmarks/runs_after_rewrite.py`, base of {results['rows']:,} rows, 4 shards, runs over "
         f"{results['generations']} writes of {results['generation_rows']:,} random upserts, then "
