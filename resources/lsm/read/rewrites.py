@@ -69,8 +69,9 @@ def compact_recording_moves(
     The groups are planned before (``Compaction.plan`` with the same options
     on the same version: what ``compact_files`` plans) and matched, in
     order, with the fragments the commit added, by their row counts. Nothing
-    is recorded when they do not match (a plan that differed): the rows are
-    then looked up again.
+    is recorded when they do not match (a plan that differed, another
+    writer's fragments committed in between): the rows are then looked up
+    again.
     """
     options = CompactionOptions(
         target_rows_per_fragment=target_rows_per_fragment,
@@ -86,9 +87,12 @@ def compact_recording_moves(
     added = sorted(
         (f.fragment_id, f.metadata.physical_rows) for f in dataset.get_fragments() if f.fragment_id not in before
     )
-    groups = _matched(planned, added)
+    # Another writer's fragments committed in between would be among them: then nothing is recorded.
+    groups = _matched(planned, added) if len(added) == metrics.fragments_added else None
     if groups is None:
         log.warning("rewrite of version %d: the fragments it added do not match its plan; not recorded", read_version)
+        return metrics
+    if not groups:  # nothing was rewritten
         return metrics
     record = {"read_version": read_version, "groups": groups}
     storage.write_bytes_atomic(f"{REWRITES_DIR}/{dataset.version:020d}.json", json.dumps(record).encode())
