@@ -196,12 +196,12 @@ def merge_shards(
     a run is merged, generations still without one wait for the next merge
     (``runs_only``), so merges beside live writers stay join-free.
     """
+    from resources.lsm import MaintenancePolicy  # the engine loads when a merge runs, not with the definitions
+
     live_runs = live_writer_runs(context.instance, table_name, exclude_run_id=context.run.run_id)
     if live_runs:
         context.log.info(f"writer runs in progress {live_runs}: generations without a pending run wait for it")
     shard_ids = [s.shard_id for s in shards]
-    from resources.lsm import MaintenancePolicy
-
     result = table.compact(
         shard_ids,
         max_rows_per_pass=config.max_rows_per_pass,
