@@ -5,8 +5,9 @@ rows, and writes the live rows in that order into the group's new
 fragments. So the i-th live row of a group's old fragments is the i-th row
 of its new ones, and a row a pending run found can be followed to its new
 address from the group alone (its old fragments, as of the version the
-rewrite read, and the row counts of the new ones): no key is looked up, and
-the cost follows the rows followed, not the base.
+rewrite read, and the row counts of the new ones): no key is looked up; the
+cost is a read of the row addresses of the old fragments that held such
+rows (no column decoded, 6 ms a 1Mi-row fragment).
 
 pylance 14.0.2 cannot read back the transaction of a rewrite that remapped
 an index (every table here has its key's), so :func:`compact_recording_moves`
