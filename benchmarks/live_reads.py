@@ -105,7 +105,10 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, float]:
     """
     table = LsmTable.open(uri)
     base = lance.dataset(uri)
-    merged, plain = paired(lambda: drain(table.scanner()), lambda: drain(base.to_batches()), repeat)
+    # Both sides read the latest version (beside a writer, the base's changes with every merge), warm.
+    merged, plain = paired(
+        lambda: drain(table.scanner()), lambda: drain(base.checkout_version(base.latest_version).to_batches()), repeat
+    )
     new_reader, new_plain = paired(
         lambda: drain(LsmTable.open(uri).scanner()), lambda: drain(lance.dataset(uri).to_batches()), repeat
     )
