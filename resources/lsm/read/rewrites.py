@@ -88,8 +88,7 @@ def compact_recording_moves(
     added = sorted(
         (f.fragment_id, f.metadata.physical_rows) for f in dataset.get_fragments() if f.fragment_id not in before
     )
-    # Another writer's fragments committed in between would be among them: then nothing is recorded.
-    groups = _matched(planned, added) if len(added) == metrics.fragments_added else None
+    groups = _matched(planned, added)  # another writer's fragments committed in between are left over: None
     if groups is None:
         log.warning("rewrite of version %d: the fragments it added do not match its plan; not recorded", read_version)
         return metrics

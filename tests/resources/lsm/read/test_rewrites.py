@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import lance
 import numpy as np
@@ -75,3 +76,21 @@ def test_rows_of_a_rewrite_not_recorded_are_not_followed(table):
     followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
 
     assert followed.null_count == len(first)
+
+
+def test_a_rewrite_beside_another_writers_append_is_not_recorded(table, monkeypatch):
+    storage, dataset = table
+    dataset.delete("id < 150")
+    plan = rewrites.Compaction.plan
+
+    def plan_then_append(*args):
+        """Another writer appends between the plan and the rewrite's commit: its fragment is not the rewrite's."""
+        planned = plan(*args)
+        lance.write_dataset(pa.table({"id": np.arange(5000, 5100)}), storage.location, mode="append")
+        return planned
+
+    monkeypatch.setattr(rewrites, "Compaction", SimpleNamespace(plan=plan_then_append))
+    compact_recording_moves(storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05)
+
+    assert 5000 in _addresses_by_id(lance.dataset(storage.location))  # both commits landed
+    assert storage.list_files(REWRITES_DIR) == []
