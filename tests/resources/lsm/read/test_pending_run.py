@@ -78,22 +78,23 @@ def keys_looked_up_in_base(monkeypatch) -> list[int]:
     return looked_up
 
 
+def stored_base_rows(table: LsmTable) -> dict[int, int | None]:
+    """Each key of the table's stored runs (read by a reader opened now) with the base row its run holds."""
+    reader = LsmTable.open(table.uri)
+    runs = [reader.handle.runs.find(shard) for shard in reader.shards()]
+    return {
+        key: row
+        for run in runs
+        for key, row in zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True)
+    }
+
+
 def assert_runs_match_a_fresh_build(table: LsmTable) -> None:
     """Every stored run holds, for each key, the base row a build from no earlier run finds."""
-
-    def base_rows() -> dict[int, int | None]:
-        reader = LsmTable.open(table.uri)
-        runs = [reader.handle.runs.find(shard) for shard in reader.shards()]
-        return {
-            key: row
-            for run in runs
-            for key, row in zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True)
-        }
-
-    stored = base_rows()
+    stored = stored_base_rows(table)
     drop_pending_runs(table)
     LsmTable.open(table.uri).build_pending_runs()
-    assert stored == base_rows()
+    assert stored == stored_base_rows(table)
 
 
 def assert_reads_and_lookups(table: LsmTable, batches: list[pa.Table]) -> None:
@@ -296,12 +297,7 @@ def test_a_base_rewrite_makes_vectors_stale_reads_join_keys_and_the_next_build_r
 
 def _base_rows_of_runs(table: LsmTable) -> list[tuple[int, int]]:
     """(key, base row) of every key the table's stored runs found in the base."""
-    return [
-        (key, row)
-        for run in (table.handle.runs.find(shard) for shard in table.shards())
-        for key, row in zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True)
-        if row != int(NOT_IN_BASE)
-    ]
+    return [(key, row) for key, row in stored_base_rows(table).items() if row != int(NOT_IN_BASE)]
 
 
 def test_a_rewrite_of_some_fragments_joins_and_looks_up_again_only_the_keys_whose_row_moved(tmp_path, monkeypatch):
@@ -404,18 +400,9 @@ def test_a_run_a_merge_took_part_of_lends_its_base_rows_to_the_run_over_the_rest
 
     # Lent, the untouched keys kept the rows the longer runs found.
     assert sorted(looked_up) == sorted(again + new if lent else again + untouched + new)
-    rebuilt = LsmTable.open(table.uri)
-    lent = {k: a for s in rebuilt.shards() for k, a in _base_rows_by_key(rebuilt.handle.runs.find(s)).items()}
-    drop_pending_runs(rebuilt)
-    scratch = LsmTable.open(table.uri)
-    scratch.build_pending_runs()
-    assert lent == {k: a for s in scratch.shards() for k, a in _base_rows_by_key(scratch.handle.runs.find(s)).items()}
+    assert_runs_match_a_fresh_build(table)
     assert_reads_and_lookups(LsmTable.open(table.uri), [*batches, rest])
     assert LsmTable.open(table.uri).count() == len(oracle_view([*batches, rest]))
-
-
-def _base_rows_by_key(run: PendingRun) -> dict[int, int]:
-    return dict(zip(run.changes["id"].to_pylist(), run.base_rows.to_pylist(), strict=True))
 
 
 def test_gc_retires_runs_of_merged_generations_and_leftover_temporary_files(tmp_path):
