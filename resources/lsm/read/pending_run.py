@@ -285,7 +285,7 @@ def _followed(run: PendingRun, storage: TableStorage, dataset: lance.LanceDatase
         held.base_rows.is_null().to_numpy(zero_copy_only=False)
         & run.base_rows.is_valid().to_numpy(zero_copy_only=False)
     )
-    followed = follow_moved_rows(storage, dataset, run.base_rows.take(moved).to_numpy())
+    followed = follow_moved_rows(storage, dataset, fragments, run.base_rows.take(moved).to_numpy())
     found = followed.is_valid().to_numpy(zero_copy_only=False)
     base_rows = _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
     return PendingRun(run.shard_id, run.generations, run.changes, base_rows)

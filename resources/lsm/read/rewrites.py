@@ -125,8 +125,11 @@ def _matched(planned: list[list[Any]], added: list[tuple[int, int]]) -> list[dic
     return groups if not rest else None
 
 
-def follow_moved_rows(storage: TableStorage, dataset: lance.LanceDataset, addresses: np.ndarray) -> pa.Array:
-    """The address in ``dataset`` of each row at ``addresses`` (``uint64``, of earlier base versions).
+def follow_moved_rows(
+    storage: TableStorage, dataset: lance.LanceDataset, fragments: set[int], addresses: np.ndarray
+) -> pa.Array:
+    """The address in ``dataset`` (``fragments``: its fragment ids) of each row at ``addresses`` (``uint64``, of
+    earlier base versions).
 
     A row in a fragment ``dataset`` still holds keeps its address; one in a
     fragment a recorded rewrite replaced is followed to where that rewrite
@@ -136,7 +139,7 @@ def follow_moved_rows(storage: TableStorage, dataset: lance.LanceDataset, addres
     gone, or the base has stable row ids (addresses are then not what runs
     hold).
     """
-    present = np.fromiter((f.fragment_id for f in dataset.get_fragments()), dtype=np.uint64)
+    present = np.fromiter(fragments, dtype=np.uint64, count=len(fragments))
     followed = addresses.astype(np.uint64, copy=True)
     lost = np.zeros(len(followed), dtype=bool)
     groups: dict[int, _RewriteGroup] | None = None

@@ -13,6 +13,7 @@ import pytest
 from resources.lsm.format.layout import REWRITES_DIR
 from resources.lsm.format.storage import TableStorage
 from resources.lsm.read import rewrites
+from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.rewrites import compact_recording_moves, follow_moved_rows
 
 
@@ -44,7 +45,9 @@ def test_rows_are_followed_through_two_rewrites_of_several_groups_and_deleted_on
     assert len(json.loads(storage.read_bytes(f"{REWRITES_DIR}/{records[0]}"))["groups"]) > 1
 
     now = _addresses_by_id(dataset)
-    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+    followed = follow_moved_rows(
+        storage, dataset, fragment_ids(dataset), np.array(list(first.values()), dtype=np.uint64)
+    )
 
     assert followed.to_pylist() == [now.get(key) for key in first]  # null: deleted before a rewrite read it
     assert 0 < followed.null_count == len(first) - len(now)
@@ -59,7 +62,9 @@ def test_only_the_newest_records_are_kept(table, monkeypatch):
         compact_recording_moves(storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05)
 
     assert [entry.name for entry in storage.list_files(REWRITES_DIR)] == [f"{dataset.version:020d}.json"]
-    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+    followed = follow_moved_rows(
+        storage, dataset, fragment_ids(dataset), np.array(list(first.values()), dtype=np.uint64)
+    )
     now = _addresses_by_id(dataset)
     followed_to = dict(zip(first, followed.to_pylist(), strict=True))
     assert all(now[key] == address for key, address in followed_to.items() if address is not None)
@@ -73,7 +78,9 @@ def test_rows_of_a_rewrite_not_recorded_are_not_followed(table):
     dataset.delete("id < 150")
     dataset.optimize.compact_files(materialize_deletions_threshold=0.05)  # Lance's own: no record
 
-    followed = follow_moved_rows(storage, dataset, np.array(list(first.values()), dtype=np.uint64))
+    followed = follow_moved_rows(
+        storage, dataset, fragment_ids(dataset), np.array(list(first.values()), dtype=np.uint64)
+    )
 
     assert followed.null_count == len(first)
 
