@@ -18,13 +18,15 @@ pairs (``--repeat``), side by side:
   before it (a run pointing into any rewritten fragment was not trusted at
   all: every key of it joined), and the base scan;
 - the next build of the runs: now (the rows that moved followed to their new
-  addresses through the rewrite's transaction, no key looked up), with the
-  keys whose row moved looked up again instead (the rule before following),
-  and under the whole-run rule (every key looked up again).
+  addresses through the tidy-up's record of its rewrite, no key looked up),
+  with the keys whose row moved looked up again instead (the rule before
+  following), and under the whole-run rule (every key looked up again).
 
-``--rewritten 0`` rewrites the whole base instead, as the tidy-ups that
-random upserts bring on do, through a merge's tidy-up (``maintain_base``:
-neighbouring fragments merged in pairs), which records where it put the rows.
+``--rewritten N`` rewrites with Lance's own compaction, which leaves no
+record: its moved rows are looked up either way. ``--rewritten 0`` rewrites
+the whole base instead, as the tidy-ups that random upserts bring on do,
+through a merge's tidy-up (``maintain_base``: neighbouring fragments merged
+in pairs), which records where it put the rows.
 
 Results: ``benchmarks/results/runs_after_rewrite.{json,md}`` (``--out``).
 """
@@ -79,7 +81,7 @@ def whole_run_rule() -> Iterator[None]:
 def moved_rows_looked_up() -> Iterator[None]:
     """Builds as before they followed moved rows through the rewrite: every row that moved is looked up again."""
     follow = pending_run.follow_moved_rows
-    pending_run.follow_moved_rows = lambda storage, dataset, addresses: pa.nulls(len(addresses), pa.uint64())  # type: ignore[assignment]
+    pending_run.follow_moved_rows = lambda storage, dataset, fragments, addresses: pa.nulls(len(addresses), pa.uint64())  # type: ignore[assignment]
     try:
         yield
     finally:
@@ -102,17 +104,14 @@ def rewrite_whole_base(uri: str) -> list[int]:
     pairs = 2 * max(f.metadata.physical_rows for f in fragments)
     policy = MaintenancePolicy(max_small_fragments=0, small_fragment_rows=pairs, target_fragment_rows=pairs)
     maintain_base(table.handle.storage, dataset, policy)
-    after = table.dataset()
-    write_missing_key_hashes(
-        table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after)
-    )
+    _store_key_indexes(table)
     return [f.fragment_id for f in fragments]
 
 
 def rewrite_first(uri: str, count: int) -> list[int]:
     """Rewrite the base's first ``count`` fragments into one (as ``compact_files`` does small ones); their ids.
 
-    Then stores the new fragment's key files, as a merge's tidy-up does.
+    Then stores the new fragment's key files.
     """
     table = LsmTable.open(uri)
     dataset = table.dataset()
@@ -125,12 +124,17 @@ def rewrite_first(uri: str, count: int) -> list[int]:
         materialize_deletions=False,
         excluded_fragment_ids=[f.fragment_id for f in fragments[count:]],
     )
+    assert not set(rewritten) & {f.fragment_id for f in table.dataset().get_fragments()}
+    _store_key_indexes(table)
+    return rewritten
+
+
+def _store_key_indexes(table: LsmTable) -> None:
+    """The rewritten fragments' key files, stored as a merge's tidy-up stores them."""
     after = table.dataset()
-    assert not set(rewritten) & {f.fragment_id for f in after.get_fragments()}
     write_missing_key_hashes(
         table.handle.storage, after, list(table.primary_key), key_files(table.handle.storage, after)
     )
-    return rewritten
 
 
 def scans(uri: str, repeat: int) -> dict[str, float]:
