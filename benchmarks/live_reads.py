@@ -1,14 +1,15 @@
 """Reads in the states a live table is in: generations just cut, runs built, a writer busy.
 
     .venv/bin/python benchmarks/live_reads.py                       # 64Mi rows, int64 / string / composite keys
-    .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1   # smoke run
+    .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1 --live-repeat 1   # smoke run
     .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16    # one kind, one state, then live
     .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16 --max-deleted-fraction 0.3
 
 Per key kind, on a base of ``--rows`` rows (``benchmarks/scale.py``'s tables,
 built once under ``--data``, cloned by hard links), 4 shards, side by side
 with plain Lance on the same base in one run (medians of ``--repeat``
-alternating pairs):
+alternating pairs, ``--live-repeat`` beside the writer; ratios are the
+median of the pairs' ratios):
 
 1. Generations just cut, before any run exists, with ``--pending`` (1, 4
    and 16) pending generations per shard, each write of ``--generation-rows`` random upserts
@@ -61,12 +62,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.scale import (
     add_base_arguments,
     drain,
+    median_ratio,
     on_each_base,
     p50_side_by_side,
-    paired,
     rows_for,
     save_results,
     seconds,
+    timed_pairs,
 )
 from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.layout import RUNS_DIR
@@ -100,37 +102,46 @@ def key_probes(kind: str, ids: list[int]) -> list[tuple[object, str]]:
 def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, float]:
     """Merged scan, a new reader's first scan, count() and fresh lookups, each against plain Lance on the same base.
 
-    Lookups are ``probes`` fresh point lookups against Lance's indexed point
-    query on the base, in alternating pairs, each probe a key of its own.
+    Seconds are each side's median over ``repeat`` alternating pairs; ratios
+    the median of the pairs' ratios (:func:`~benchmarks.scale.median_ratio`:
+    beside a writer, a rewrite of the base loads the machine for minutes,
+    and the sides' medians taken apart may come from pairs of which only
+    one ran under it). Lookups are ``probes`` fresh point lookups against
+    Lance's indexed point query on the base, in alternating pairs, each
+    probe a key of its own.
     """
     table = LsmTable.open(uri)
     base = lance.dataset(uri)
     # Both sides read the latest version (beside a writer, the base's changes with every merge), warm.
-    merged, plain = paired(
+    scans = timed_pairs(
         lambda: drain(table.scanner()), lambda: drain(base.checkout_version(base.latest_version).to_batches()), repeat
     )
-    new_reader, new_plain = paired(
+    new_readers = timed_pairs(
         lambda: drain(LsmTable.open(uri).scanner()), lambda: drain(lance.dataset(uri).to_batches()), repeat
     )
-    counted, base_count = paired(table.count, base.count_rows, repeat)
+    counts = timed_pairs(table.count, base.count_rows, repeat)
     ids = np.random.default_rng(len(uri)).choice(base.count_rows(), 2 * probes + 2, replace=False).tolist()
     ours, theirs = p50_side_by_side(
         lambda probe: table.lookup([probe[0]]), lambda probe: base.to_table(filter=probe[1]), key_probes(kind, ids)
     )
     return {
-        "merged_scan_s": merged,
-        "base_scan_s": plain,
-        "scan_ratio": merged / plain,
-        "new_reader_scan_s": new_reader,
-        "new_plain_reader_s": new_plain,
-        "new_reader_ratio": new_reader / new_plain,
-        "count_s": counted,
-        "base_count_s": base_count,
-        "count_vs_base_scan": counted / plain,
+        "merged_scan_s": _median(scans, 0),
+        "base_scan_s": _median(scans, 1),
+        "scan_ratio": median_ratio(scans),
+        "new_reader_scan_s": _median(new_readers, 0),
+        "new_plain_reader_s": _median(new_readers, 1),
+        "new_reader_ratio": median_ratio(new_readers),
+        "count_s": _median(counts, 0),
+        "base_count_s": _median(counts, 1),
+        "count_vs_base_scan": _median(counts, 0) / _median(scans, 1),
         "lookup_ms": ours * 1e3,
         "lance_point_ms": theirs * 1e3,
         "lookup_ratio": ours / theirs,
     }
+
+
+def _median(pairs: list[tuple[float, float]], side: int) -> float:
+    return statistics.median(pair[side] for pair in pairs)
 
 
 def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
@@ -245,7 +256,7 @@ def peak_rss_gb(pid: int | None) -> float:
 
 def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str, Any]:
     """Reads while a writer process streams changes, then the writer's throughput with and without the keeper."""
-    rows, size, repeat = args.rows, args.generation_rows, args.repeat
+    rows, size, repeat = args.rows, args.generation_rows, args.live_repeat
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
@@ -299,7 +310,9 @@ def render(results: dict[str, Any]) -> str:
         f"writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger merges the "
         "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run), "
         f"tidying the base once more than {results.get('max_deleted_fraction', 0.1):.0%} of its rows are deleted. "
-        "Every ratio is against plain Lance on the same base, measured side by side (medians of alternating pairs).",
+        "Every ratio is against plain Lance on the same base, measured side by side: scan ratios are the median of "
+        f"the ratios of alternating pairs ({results.get('repeat', 3)} per state, {results.get('live_repeat', 3)} "
+        "beside the writer).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
         "| count() / base scan | count() s | lookup p50 / Lance point query |",
@@ -373,6 +386,9 @@ def main() -> None:
     add_base_arguments(parser, "live_reads")
     parser.add_argument("--repeat", type=int, default=3, help="alternating pairs per measurement")
     parser.add_argument(
+        "--live-repeat", type=int, default=7, help="alternating pairs per measurement beside the writer"
+    )
+    parser.add_argument(
         "--pending",
         type=lambda text: sorted(int(n) for n in text.split(",")),
         default=[1, 4, 16],
@@ -398,6 +414,8 @@ def main() -> None:
         "generation_rows": args.generation_rows,
         "live_rows_per_s": args.live_rows_per_s,
         "max_deleted_fraction": args.max_deleted_fraction,
+        "repeat": args.repeat,
+        "live_repeat": args.live_repeat,
         "kinds": {},
     }
 

@@ -194,14 +194,30 @@ def alternating_wall_and_cpu(sides: dict[str, Callable[[], object]], repeat: int
 
 
 def paired(first: Callable[[], object], second: Callable[[], object], repeat: int) -> tuple[float, float]:
-    """Medians of ``first`` and ``second`` run alternately (after one warm-up each), so both see the same load.
+    """Medians of ``first`` and ``second`` run alternately (:func:`timed_pairs`)."""
+    pairs = timed_pairs(first, second, repeat)
+    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+
+
+def timed_pairs(first: Callable[[], object], second: Callable[[], object], repeat: int) -> list[tuple[float, float]]:
+    """``repeat`` timings of ``first`` and ``second`` run alternately (after one warm-up each), so both see the
+    same load.
 
     Which side goes first alternates too: a load that eases or grows (a
     writer just started) would otherwise always fall heavier on one side.
     """
     first(), second()
-    pairs = [_timed_pair(first, second, leading=i % 2 == 0) for i in range(repeat)]
-    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    return [_timed_pair(first, second, leading=i % 2 == 0) for i in range(repeat)]
+
+
+def median_ratio(pairs: list[tuple[float, float]]) -> float:
+    """The median of the pairs' ratios (first / second).
+
+    Under a load that comes and goes (a rewrite of the base beside a
+    writer), both sides of a pair saw about the same load, while the two
+    sides' medians taken apart may come from pairs that did not.
+    """
+    return statistics.median(ours / theirs for ours, theirs in pairs)
 
 
 def _timed_pair(first: Callable[[], object], second: Callable[[], object], leading: bool) -> tuple[float, float]:
