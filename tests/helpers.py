@@ -33,7 +33,7 @@ def rows_kept(found: RowsFoundAhead, dataset: lance.LanceDataset) -> list[str]:
     """The ``id`` of every row of a scan of ``dataset`` that ``found`` keeps, batch by batch, in scan order."""
     survivors = []
     for batch in dataset.scanner(columns=["id"], with_row_address=True, batch_size=300).to_batches():
-        keep = found.keep_mask(batch.column(ROW_ADDRESS).to_numpy(), batch)
+        keep = found.keep_mask(batch.column(ROW_ADDRESS).to_numpy(), batch, None)
         survivors += [k for k, stays in zip(batch.column("id").to_pylist(), keep, strict=True) if stays]
     return survivors
 

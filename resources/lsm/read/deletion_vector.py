@@ -151,8 +151,9 @@ class RowsFoundAhead:
     def __init__(self, groups: list[list[lance.LanceFragment]]) -> None:
         self._group_of = {fragment.fragment_id: number for number, group in enumerate(groups) for fragment in group}
 
-    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
-        """For each row of ``batch`` (at ``addresses``), whether it holds none of the keys (waits for its group)."""
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch, live: np.ndarray | None) -> np.ndarray:
+        """For each of ``batch``'s rows at positions ``live`` (``None``: every row), at ``addresses``, whether it
+        holds none of the keys (waits for its group)."""
         raise NotImplementedError
 
     def _groups_of(self, addresses: np.ndarray) -> list[int]:
@@ -188,8 +189,7 @@ class SupersededRows(RowsFoundAhead):
         self._found: list[Future[DeletionVector]] = [Future() for _ in groups]
         level_readers().submit(self._look_up, dataset, keys, primary_key, groups)
 
-    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
-        """For each row of ``batch`` (at ``addresses``), whether it holds none of the keys (waits for its group)."""
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch, live: np.ndarray | None) -> np.ndarray:
         if not len(addresses):
             return np.ones(0, dtype=bool)
         return DeletionVector.union([self._found[g].result() for g in self._groups_of(addresses)]).keep_mask(addresses)

@@ -118,8 +118,9 @@ class StoredHashRows(RowsFoundAhead):
             except BaseException as exc:
                 found.set_exception(exc)
 
-    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch) -> np.ndarray:
-        """For each row of ``batch`` (at ``addresses``), whether its key is none of the keys."""
+    def keep_mask(self, addresses: np.ndarray, batch: pa.RecordBatch, live: np.ndarray | None) -> np.ndarray:
+        """For each of ``batch``'s rows at positions ``live`` (``None``: every row), at ``addresses``, whether its
+        key is none of the keys: only the keys of the rows paired with one are taken from ``batch``."""
         keep = np.ones(len(addresses), dtype=bool)
         if not len(addresses):
             return keep
@@ -135,7 +136,8 @@ class StoredHashRows(RowsFoundAhead):
             rows = at[read] if order is None else order[at[read]]
             # Each row holds the pending key paired with it, or only that key's hash.
             key = self._keys.column_names
-            equal = same_keys(batch.select(key).take(pa.array(rows)), self._keys.take(pa.array(pending[read])), key)
+            in_batch = pa.array(rows if live is None else live[rows])
+            equal = same_keys(batch.select(key).take(in_batch), self._keys.take(pa.array(pending[read])), key)
             keep[rows[equal]] = False
         return keep
 

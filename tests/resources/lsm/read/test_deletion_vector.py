@@ -69,7 +69,7 @@ def test_a_failed_lookup_fails_the_scan_when_it_reaches_that_group(base, monkeyp
     rows = SupersededRows(base, pa.table({"id": [f"k{i}" for i in range(0, ROWS, 40)]}), ["id"])
     first = base.get_fragment(0).scanner(columns=["id"], with_row_address=True).to_table()
 
-    assert rows.keep_mask(first.column(ROW_ADDRESS).to_numpy(), first).sum() == 975  # the groups before it answer
+    assert rows.keep_mask(first.column(ROW_ADDRESS).to_numpy(), first, None).sum() == 975  # the groups before it answer
     with pytest.raises(OSError, match="storage went away"):
         rows_kept(rows, base)
 

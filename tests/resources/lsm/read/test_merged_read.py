@@ -542,6 +542,8 @@ def test_a_batchs_deleted_rows_are_never_kept_and_never_tested_by_address():
     live_addresses, live = merged_read._live_rows(batch)
     assert live_addresses.tolist() == [7 << 32 | 2, 8 << 32, 8 << 32 | 2] and live.tolist() == [1, 3, 5]
     assert merged_read._at_rows(np.array([True, False, True]), live, 6).tolist() == [False, True] + [False] * 3 + [True]
+    sliced_addresses, sliced_live = merged_read._live_rows(batch.slice(3, 3))  # bitmaps and values at an offset
+    assert sliced_addresses.tolist() == [8 << 32, 8 << 32 | 2] and sliced_live.tolist() == [0, 2]
     deleted = pa.record_batch({"_rowaddr": pa.nulls(3, pa.uint64()), "_rowid": pa.nulls(3, pa.uint64())})
     assert merged_read._live_rows(deleted)[0].tolist() == []
     whole = pa.record_batch({"_rowaddr": pa.array([1, 2], pa.uint64()), "_rowid": pa.array([1, 2], pa.uint64())})
