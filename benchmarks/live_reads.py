@@ -211,6 +211,7 @@ def write_live(
             "max_run_delay_s": stats.max_delay_seconds,
             "rounds": stats.rounds,
             "seconds_per_round": stats.busy_seconds / max(1, stats.rounds),
+            "longest_round_s": stats.longest_round_seconds,
         }
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
@@ -331,7 +332,7 @@ def render(results: dict[str, Any]) -> str:
     lines += [
         "",
         "| key | building runs, s per generation (most pending) | writer with keeper / without "
-        "| run delay while live (max) | keeper round while live "
+        "| run delay while live (max) | keeper round while live (mean / longest) "
         "| merges while live (median / max s, longest base tidying, joining passes) "
         "| live writer held by backpressure | peak RSS reader / writer / merger |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -345,8 +346,9 @@ def render(results: dict[str, Any]) -> str:
         live = found["live"]
         keeper = live["keeper_while_reading"]
         delay, round_s = keeper.get("max_run_delay_s", 0.0), keeper.get("seconds_per_round", 0.0)
+        rounds = f"{round_s:.2f}" + (f" / {keeper['longest_round_s']:.1f}" if "longest_round_s" in keeper else "")
         lines.append(
-            f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {round_s:.2f} s "
+            f"| {kind} | {build:.3f} | {live['keeper_throughput_ratio']:.2f}x | {delay:.1f} s | {rounds} s "
             f"| {_merges_cell(live.get('merges_while_reading', []))} | {_stall_cell(keeper)} "
             f"| {_peaks_cell(live.get('peak_rss_gb'))} |"
         )

@@ -39,10 +39,12 @@ def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
     return not pending or handle.storage.exists(run_path(state.shard_id, pending))
 
 
-def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[PendingRun]:
+def build_pending_runs(
+    handle: TableHandle, shard_ids: Sequence[str], *, store_key_files: bool = True
+) -> list[PendingRun]:
     """(Re)build the runs of ``shard_ids`` that are missing or stale; return the runs stored.
 
-    Then stores the key files base fragments lack
+    Then, with ``store_key_files``, stores the key files base fragments lack
     (:mod:`~resources.lsm.read.key_hash_files`, :func:`key_files`): after a
     merge, those of the fragments it wrote. Idempotent, and cheap when nothing
     changed: current runs are only checked.
@@ -95,8 +97,10 @@ def build_pending_runs(handle: TableHandle, shard_ids: Sequence[str]) -> list[Pe
         _retire_extended(handle, previous[run.shard_id], run)
 
     list(pool.map(store, runs))
-    # After the runs: a base's first key files (a read of every fragment's keys) must not delay them.
-    write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key), key_files(handle.storage, dataset))
+    if (
+        store_key_files
+    ):  # after the runs: a base's first key files (a read of every fragment's keys) must not delay them
+        write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key), key_files(handle.storage, dataset))
     return runs
 
 
@@ -131,6 +135,8 @@ class KeeperStats:
     changes_resolved: int = 0
     busy_seconds: float = 0.0
     """Time spent building runs (on the keeper's thread, not the writer's)."""
+    longest_round_seconds: float = 0.0
+    """The longest round: what a generation flushed just after a round started waits for, besides the interval."""
     max_delay_seconds: float = 0.0
     """The longest time from a generation's flush to its run being stored."""
     errors: int = 0
@@ -140,7 +146,10 @@ class PendingRunKeeper:
     """Builds the runs of generations live writers cut, every ``interval_seconds``, on a thread of its own.
 
     A generation gets its run within about ``interval_seconds`` plus one
-    build after it is flushed. A failed round (a store outage, a merge
+    build after it is flushed. A round builds runs only: the key files of
+    fragments a merge or rewrite added are the merge's to store (it does
+    so as it commits), and reading back a rewritten base's keys here (64Mi
+    rows: tens of seconds on busy cores) held every run behind it. A failed round (a store outage, a merge
     racing it) is logged and retried at the next one; it never reaches the
     writers. Use as a context manager around the writes: leaving it stops
     the thread (after its current round).
@@ -179,7 +188,7 @@ class PendingRunKeeper:
         """
         started = time.monotonic()
         try:
-            built = build_pending_runs(self._handle, self._handle.shard_ids)
+            built = build_pending_runs(self._handle, self._handle.shard_ids, store_key_files=False)
             done_ns = time.time_ns()
             delays = [done_ns - flushed for flushed in self._newest_flushes(built)]
         except Exception as exc:  # a round is only a shortcut for readers
@@ -187,8 +196,10 @@ class PendingRunKeeper:
             self._report(f"building pending runs failed (readers join keys until a later build): {exc!r}")
             return
         finally:
+            took = time.monotonic() - started
             self.stats.rounds += 1
-            self.stats.busy_seconds += time.monotonic() - started
+            self.stats.busy_seconds += took
+            self.stats.longest_round_seconds = max(self.stats.longest_round_seconds, took)
         self.stats.runs_built += len(built)
         self.stats.changes_resolved += sum(run.changes.num_rows for run in built)
         self.stats.max_delay_seconds = max([self.stats.max_delay_seconds, *(d / 1e9 for d in delays)])

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import lance
 import pyarrow as pa
 
 from resources.lsm import LsmTable
-from resources.lsm.format.layout import RUNS_DIR
+from resources.lsm.format.layout import KEY_INDEX_DIR, RUNS_DIR
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper, has_pending_run
+from resources.lsm.read.key_hash_files import key_hash_file, stored_key_hash_files
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
 
@@ -83,3 +85,33 @@ def test_a_failed_round_is_reported_and_the_next_one_builds_the_runs(tmp_path):
     read = table.read()
     assert read.num_rows == 2000 and set(read["value"].to_pylist()) == {1}
     table.close()
+
+
+def test_a_keepers_round_builds_runs_and_leaves_the_rewritten_bases_key_files_to_the_merge(tmp_path):
+    table = _live_table(tmp_path)
+    table.write(_batch(0, 1, rows=2000))
+    table.close()
+    table.compact(maintenance=None)
+    lance.dataset(table.uri).optimize.compact_files(target_rows_per_fragment=1 << 20)  # fragments without key files
+    missing = _fragments_without_key_files(table)
+    assert missing
+    table.write(_batch(500, 2))  # pending generations whose keys the base holds
+    table.close()
+
+    keeper = PendingRunKeeper(table.handle)
+    keeper.keep_up()
+    assert all(has_pending_run(table.handle, s) for s in table.shards()) and keeper.stats.errors == 0
+    assert 0 < keeper.stats.longest_round_seconds <= keeper.stats.busy_seconds
+    assert _fragments_without_key_files(table) == missing
+    read = LsmTable.open(table.uri).read()
+    assert dict(zip(read["id"].to_pylist(), read["value"].to_pylist(), strict=True)) == {
+        i: 2 if 500 <= i < 1100 else 1 for i in range(2000)
+    }
+    table.build_pending_runs()  # a flush's or a merge's build stores them
+    assert _fragments_without_key_files(table) == set()
+
+
+def _fragments_without_key_files(table: LsmTable) -> set[int]:
+    dataset = lance.dataset(table.uri)
+    stored = stored_key_hash_files(table.handle.storage, KEY_INDEX_DIR)
+    return {f.fragment_id for f in dataset.get_fragments() if key_hash_file(f, KEY_INDEX_DIR) not in stored}
