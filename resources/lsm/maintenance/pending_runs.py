@@ -138,7 +138,8 @@ class KeeperStats:
     longest_round_seconds: float = 0.0
     """The longest round: what a generation flushed just after a round started waits for, besides the interval."""
     max_delay_seconds: float = 0.0
-    """The longest time from a generation's flush to its run being stored."""
+    """The longest time from a generation's flush to the first run over it being stored (a run rebuilt over
+    generations a run already covered, one a rewrite of the base made stale, does not count)."""
     errors: int = 0
 
 
@@ -165,6 +166,8 @@ class PendingRunKeeper:
         self._report = report or log.warning
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lsm-run-keeper", daemon=True)
+        self._newest_covered: dict[str, str] = {}
+        """Each shard's newest generation (directory) a run this keeper built covers."""
         self.stats = KeeperStats()
 
     def __enter__(self) -> PendingRunKeeper:
@@ -205,6 +208,8 @@ class PendingRunKeeper:
         self.stats.max_delay_seconds = max([self.stats.max_delay_seconds, *(d / 1e9 for d in delays)])
 
     def _newest_flushes(self, built: list[PendingRun]) -> list[int]:
-        """When the newest generation each run just built covers was flushed."""
-        times = [generation_flush_time_ns(self._handle.storage, r.shard_id, r.generations[-1][1]) for r in built]
+        """When the newest generation each run just built covers was flushed, if no earlier run covered it."""
+        first = [r for r in built if self._newest_covered.get(r.shard_id) != r.generations[-1][1]]
+        self._newest_covered.update((r.shard_id, r.generations[-1][1]) for r in built)
+        times = [generation_flush_time_ns(self._handle.storage, r.shard_id, r.generations[-1][1]) for r in first]
         return [t for t in times if t is not None]

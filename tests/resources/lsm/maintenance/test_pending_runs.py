@@ -115,3 +115,22 @@ def _fragments_without_key_files(table: LsmTable) -> set[int]:
     dataset = lance.dataset(table.uri)
     stored = stored_key_hash_files(table.handle.storage, KEY_INDEX_DIR)
     return {f.fragment_id for f in dataset.get_fragments() if key_hash_file(f, KEY_INDEX_DIR) not in stored}
+
+
+def test_a_run_rebuilt_after_a_rewrite_does_not_count_as_its_generations_delay(tmp_path):
+    table = _live_table(tmp_path)
+    table.write(_batch(0, 1, rows=2000))
+    table.close()
+    table.compact(maintenance=None)
+    table.write(_batch(500, 2))
+    table.close()
+    keeper = PendingRunKeeper(table.handle)
+    keeper.keep_up()
+    first_delay = keeper.stats.max_delay_seconds
+    assert keeper.stats.runs_built == len(table.shard_ids) and first_delay > 0
+
+    time.sleep(1.0)
+    lance.dataset(table.uri).optimize.compact_files(target_rows_per_fragment=1 << 20)  # every run's rows move
+    keeper.keep_up()
+    assert keeper.stats.runs_built == 2 * len(table.shard_ids), "the stale runs were rebuilt"
+    assert keeper.stats.max_delay_seconds == first_delay
