@@ -97,9 +97,8 @@ def build_pending_runs(
         _retire_extended(handle, previous[run.shard_id], run)
 
     list(pool.map(store, runs))
-    if (
-        store_key_files
-    ):  # after the runs: a base's first key files (a read of every fragment's keys) must not delay them
+    # After the runs: a base's first key files (a read of every fragment's keys) must not delay them.
+    if store_key_files:
         write_missing_key_hashes(handle.storage, dataset, list(handle.primary_key), key_files(handle.storage, dataset))
     return runs
 
@@ -148,11 +147,11 @@ class PendingRunKeeper:
 
     A generation gets its run within about ``interval_seconds`` plus one
     build after it is flushed. A round builds runs only: the key files of
-    fragments a merge or rewrite added are the merge's to store (it does
-    so as it commits), and reading back a rewritten base's keys here (64Mi
-    rows: tens of seconds on busy cores) held every run behind it. A failed round (a store outage, a merge
-    racing it) is logged and retried at the next one; it never reaches the
-    writers. Use as a context manager around the writes: leaving it stops
+    fragments a merge or rewrite added are the merge's to store (it does so
+    as it commits), and reading back a rewritten base's keys here (64Mi
+    rows: tens of seconds on busy cores) held every run behind it. A failed
+    round (a store outage, a merge racing it) is logged and retried at the
+    next one; it never reaches the writers. Use as a context manager around the writes: leaving it stops
     the thread (after its current round).
     """
 
