@@ -99,7 +99,7 @@ def key_probes(kind: str, ids: list[int]) -> list[tuple[object, str]]:
     return [((f"r{i % 16}", i), f"region = 'r{i % 16}' AND id = {i}") for i in ids]
 
 
-def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, float]:
+def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, Any]:
     """Merged scan, a new reader's first scan, count() and fresh lookups, each against plain Lance on the same base.
 
     Seconds are each side's median over ``repeat`` alternating pairs; ratios
@@ -137,6 +137,7 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, float]:
         "lookup_ms": ours * 1e3,
         "lance_point_ms": theirs * 1e3,
         "lookup_ratio": ours / theirs,
+        "pairs_s": {"scan": scans, "new_reader": new_readers, "count": counts},
     }
 
 
@@ -376,7 +377,7 @@ def _peaks_cell(peaks: dict[str, float] | None) -> str:
     return "not measured" if peaks is None else " / ".join(f"{peaks[role]:.1f}" for role in peaks) + " GB"
 
 
-def _read_cells(r: dict[str, float]) -> str:
+def _read_cells(r: dict[str, Any]) -> str:
     return (
         f"{r['scan_ratio']:.2f}x | {r['new_reader_ratio']:.2f}x | {r['count_vs_base_scan']:.2f}x | {r['count_s']:.3f} "
         f"| {r['lookup_ms']:.2f} / {r['lance_point_ms']:.2f} ms = {r['lookup_ratio']:.2f}x"
