@@ -68,6 +68,7 @@ from benchmarks.scale import (
     rows_for,
     save_results,
     seconds,
+    side_medians,
     timed_pairs,
 )
 from resources.lsm import LsmTable, MaintenancePolicy
@@ -124,25 +125,24 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, Any]:
     ours, theirs = p50_side_by_side(
         lambda probe: table.lookup([probe[0]]), lambda probe: base.to_table(filter=probe[1]), key_probes(kind, ids)
     )
+    merged, plain = side_medians(scans)
+    new_reader, new_plain = side_medians(new_readers)
+    counted, base_count = side_medians(counts)
     return {
-        "merged_scan_s": _median(scans, 0),
-        "base_scan_s": _median(scans, 1),
+        "merged_scan_s": merged,
+        "base_scan_s": plain,
         "scan_ratio": median_ratio(scans),
-        "new_reader_scan_s": _median(new_readers, 0),
-        "new_plain_reader_s": _median(new_readers, 1),
+        "new_reader_scan_s": new_reader,
+        "new_plain_reader_s": new_plain,
         "new_reader_ratio": median_ratio(new_readers),
-        "count_s": _median(counts, 0),
-        "base_count_s": _median(counts, 1),
-        "count_vs_base_scan": _median(counts, 0) / _median(scans, 1),
+        "count_s": counted,
+        "base_count_s": base_count,
+        "count_vs_base_scan": counted / plain,
         "lookup_ms": ours * 1e3,
         "lance_point_ms": theirs * 1e3,
         "lookup_ratio": ours / theirs,
         "pairs_s": {"scan": scans, "new_reader": new_readers, "count": counts},
     }
-
-
-def _median(pairs: list[tuple[float, float]], side: int) -> float:
-    return statistics.median(pair[side] for pair in pairs)
 
 
 def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:

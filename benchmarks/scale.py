@@ -195,7 +195,11 @@ def alternating_wall_and_cpu(sides: dict[str, Callable[[], object]], repeat: int
 
 def paired(first: Callable[[], object], second: Callable[[], object], repeat: int) -> tuple[float, float]:
     """Medians of ``first`` and ``second`` run alternately (:func:`timed_pairs`)."""
-    pairs = timed_pairs(first, second, repeat)
+    return side_medians(timed_pairs(first, second, repeat))
+
+
+def side_medians(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """Each side's median over ``pairs``, taken apart."""
     return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 

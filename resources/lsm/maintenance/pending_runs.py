@@ -151,8 +151,8 @@ class PendingRunKeeper:
     as it commits), and reading back a rewritten base's keys here (64Mi
     rows: tens of seconds on busy cores) held every run behind it. A failed
     round (a store outage, a merge racing it) is logged and retried at the
-    next one; it never reaches the writers. Use as a context manager around the writes: leaving it stops
-    the thread (after its current round).
+    next one; it never reaches the writers. Use as a context manager around
+    the writes: leaving it stops the thread (after its current round).
     """
 
     def __init__(
@@ -192,7 +192,7 @@ class PendingRunKeeper:
         try:
             built = build_pending_runs(self._handle, self._handle.shard_ids, store_key_files=False)
             done_ns = time.time_ns()
-            delays = [done_ns - flushed for flushed in self._newest_flushes(built)]
+            delays = [done_ns - flushed for flushed in self._first_covered_flushes(built)]
         except Exception as exc:  # a round is only a shortcut for readers
             self.stats.errors += 1
             self._report(f"building pending runs failed (readers join keys until a later build): {exc!r}")
@@ -206,9 +206,11 @@ class PendingRunKeeper:
         self.stats.changes_resolved += sum(run.changes.num_rows for run in built)
         self.stats.max_delay_seconds = max([self.stats.max_delay_seconds, *(d / 1e9 for d in delays)])
 
-    def _newest_flushes(self, built: list[PendingRun]) -> list[int]:
-        """When the newest generation each run just built covers was flushed, if no earlier run covered it."""
-        first = [r for r in built if self._newest_covered.get(r.shard_id) != r.generations[-1][1]]
-        self._newest_covered.update((r.shard_id, r.generations[-1][1]) for r in built)
-        times = [generation_flush_time_ns(self._handle.storage, r.shard_id, r.generations[-1][1]) for r in first]
+    def _first_covered_flushes(self, built: list[PendingRun]) -> list[int]:
+        """When the newest generation each run just built covers was flushed, for those no earlier run of this
+        keeper covered (and records them as covered now)."""
+        newest = {run.shard_id: run.generations[-1][1] for run in built}
+        first = {shard: name for shard, name in newest.items() if self._newest_covered.get(shard) != name}
+        self._newest_covered.update(newest)
+        times = [generation_flush_time_ns(self._handle.storage, shard, name) for shard, name in first.items()]
         return [t for t in times if t is not None]
