@@ -15,8 +15,10 @@ from resources.lsm import LsmTable
 from resources.lsm.format.layout import RUNS_DIR, wal_entry_path
 from resources.lsm.format.schema import ROW_ADDRESS
 from resources.lsm.format.shard_manifest import list_wal_entries, position_name
+from resources.lsm.format.shard_state import ShardState
 from resources.lsm.format.wal import read_wal_entry
 from resources.lsm.read.deletion_vector import RowsFoundAhead
+from resources.lsm.read.pending_run import SHARED_RUNS, PendingRun, PendingRuns, run_cache
 
 
 def rows_by_key(table: pa.Table, key=("id",)) -> dict:
@@ -62,8 +64,22 @@ def write_generation(table: LsmTable, keys: list[int], label: str) -> None:
 
 
 def drop_pending_runs(table: LsmTable) -> None:
-    """Delete the table's stored pending runs: reads then take the path without them."""
+    """Delete the table's stored pending runs, and the process's copies: reads then take the path without them."""
     table.handle.storage.delete_dir(RUNS_DIR)
+    SHARED_RUNS.clear()
+
+
+def stored_run(table: LsmTable, shard: ShardState) -> PendingRun | None:
+    """The run stored over the longest prefix of ``shard``'s pending generations, read from its file (the
+    process's cache may hold the builder's copy)."""
+    return PendingRuns(table.handle.storage, table.handle.cache_scope, run_cache()).find(shard, maintenance=True)
+
+
+def in_another_process(table: LsmTable) -> LsmTable:
+    """``table``, given a cache of runs of its own: runs it builds or reads stay out of the process's cache, as
+    if it were opened in another process."""
+    table.handle.runs = PendingRuns(table.handle.storage, table.handle.cache_scope, run_cache())
+    return table
 
 
 def forge_wal_entry(table: LsmTable, columns: dict[str, pa.Array], bucket: int = 0) -> None:

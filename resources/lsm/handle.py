@@ -126,7 +126,7 @@ class TableHandle:
         self.merge_engine: str = config.get(CONFIG_MERGE_ENGINE, LAST_WRITE_WINS)
         """``last-write-wins`` or ``partial-update`` (tables created before the setting: the former)."""
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
-        self.runs = PendingRuns(self.storage)
+        self.runs = PendingRuns(self.storage, self.cache_scope)
         self.pending_cache = SHARED_PENDING_GENERATIONS
         self.wal_entries = SHARED_WAL_ENTRIES
         self.wal_tails = SHARED_RESOLVED_TAILS

@@ -75,6 +75,12 @@ class LruCache(Generic[K, V]):
         with self._lock:
             self._drop(key)
 
+    def clear(self) -> None:
+        """Drop every value."""
+        with self._lock:
+            self._values.clear()
+            self._bytes = 0
+
     def _drop(self, key: K) -> None:
         if (dropped := self._values.pop(key, None)) is not None:
             self._bytes -= dropped[1]

@@ -92,7 +92,7 @@ Lending costs about 1.5 µs a key (reading the lender, joining its keys, a take 
 joins int64 keys at about 16 ns a row, strings at 55. ``benchmarks/runs_after_merge.py``: 200k keys lent on
 64Mi rows, 0.45-0.71 s against 0.81-1.64 s looked up; 183k keys on 1Mi rows, 0.48-0.54 s against 0.26-0.34."""
 _CACHED_RUNS = 1024
-"""Runs a table handle keeps at most (besides its byte budget): a few per shard are ever in use."""
+"""Runs the process keeps at most (besides the byte budget): a few per shard are ever in use."""
 
 Generations = tuple[tuple[int, str], ...]
 """``(generation, directory)`` pairs, ascending."""
@@ -372,12 +372,28 @@ def read_run(storage: TableStorage, path: str, shard_id: str) -> PendingRun:
     return PendingRun(shard_id, generations, table.drop_columns([BASE_ROW_ADDRESS]), base_rows)
 
 
+RunCache = LruCache[tuple[str, str], PendingRun]
+"""Runs read or built, by table (:attr:`~resources.lsm.handle.TableHandle.cache_scope`) and path."""
+
+
+def run_cache(max_bytes: int = 1 << 30) -> RunCache:
+    """An empty :data:`RunCache` keeping at most ``max_bytes`` of runs, least recently used dropped first."""
+    return LruCache(_CACHED_RUNS, max_bytes=max_bytes, size_of=lambda run: run.changes.nbytes)
+
+
+SHARED_RUNS = run_cache()
+"""The runs this process read or built, shared by every table object opened in it. Beside a busy writer each
+generation cut brings a new run per shard (tens of MB at 64M rows): a reader opened anew (every Dagster step,
+every ``LsmTable.open``) then starts with the runs, and their key indexes, an earlier one read and built."""
+
+
 class PendingRuns:
     """Finds and caches the stored runs of one table's shards. Safe to share between threads.
 
     A run's content is fixed by its generations, so cached runs are reused
-    until the shard's pending generations no longer extend them. At most
-    ``max_bytes`` of runs are kept, least recently used dropped first. A run
+    until the shard's pending generations no longer extend them; ``cache``
+    (:data:`SHARED_RUNS` unless given) holds them under ``scope``, the
+    table's :attr:`~resources.lsm.handle.TableHandle.cache_scope`. A run
     found missing is not looked for again for ``MISSING_RUN_RECHECK_SECONDS``
     (each look is a read and a listing, most of a point lookup's own cost when
     generations wait for their run): reads use the run over a shorter prefix
@@ -385,12 +401,8 @@ class PendingRuns:
     once (:meth:`remember`).
     """
 
-    def __init__(self, storage: TableStorage, max_bytes: int = 1 << 30) -> None:
-        self._storage = storage
-        self._runs: LruCache[str, PendingRun] = LruCache(
-            _CACHED_RUNS, max_bytes=max_bytes, size_of=lambda run: run.changes.nbytes
-        )
-        """Runs by path."""
+    def __init__(self, storage: TableStorage, scope: str, cache: RunCache = SHARED_RUNS) -> None:
+        self._storage, self._scope, self._cache = storage, scope, cache
         self._missing: dict[str, tuple[float, str | None]] = {}
         """Each missing run's path: when it was found missing (``time.monotonic()``), and the run over a
         shorter prefix of its generations found instead (its path), if any."""
@@ -415,18 +427,18 @@ class PendingRuns:
         if not pending:
             return None
         full = run_path(shard.shard_id, pending)
-        if (cached := self._runs.find(full)) is not None:
+        if (cached := self._cached(full)) is not None:
             return cached
         with self._lock:
             seen, prefix = self._missing.get(full, (-math.inf, None))
         if not maintenance and time.monotonic() - seen < MISSING_RUN_RECHECK_SECONDS:
             if prefix is None:
                 return None
-            if (cached := self._runs.find(prefix)) is not None:
+            if (cached := self._cached(prefix)) is not None:
                 return cached
         found: PendingRun | None = None
         for path in self._stored(shard.shard_id, pending):
-            if (found := self._runs.find(path)) is not None:
+            if (found := self._cached(path)) is not None:
                 break
             try:
                 found = read_run(self._storage, path, shard.shard_id)
@@ -464,7 +476,7 @@ class PendingRuns:
         older = self._indexed.get(shard.shard_id)
         extends = older is not None and older.generations == pending[: len(older.generations)]
         if extends and older is not None and older.generations != pending:
-            run = self._runs.find(run_path(shard.shard_id, pending))
+            run = self._cached(run_path(shard.shard_id, pending))
             if run is None:
                 self._find_in_background(shard)
                 return older
@@ -516,7 +528,7 @@ class PendingRuns:
                 reaching.append((span[1], f"{directory}/{name}"))
         for _, path in sorted(reaching, reverse=True):
             try:
-                run = self._runs.find(path) or read_run(self._storage, path, shard.shard_id)
+                run = self._cached(path) or read_run(self._storage, path, shard.shard_id)
             except (OSError, ValueError, KeyError, pa.ArrowInvalid):
                 continue  # retired by GC meanwhile, or damaged: a shorter one may do
             rest = tuple(g for g in run.generations if g[0] > marker)
@@ -537,7 +549,7 @@ class PendingRuns:
 
     def forget(self, run: PendingRun) -> None:
         """Drop ``run`` from the cache (its vector went stale: a rebuilt one may be stored)."""
-        self._runs.discard(run_path(run.shard_id, run.generations))
+        self._cache.discard((self._scope, run_path(run.shard_id, run.generations)))
 
     def _stored(self, shard_id: str, pending: Generations) -> Iterator[str]:
         """Paths of runs over prefixes of ``pending``, longest first.
@@ -550,9 +562,12 @@ class PendingRuns:
         prefixes = (run_path(shard_id, pending[:n]) for n in range(len(pending) - 1, 0, -1))
         yield from (path for path in prefixes if path.rsplit("/", 1)[1] in present)
 
+    def _cached(self, path: str) -> PendingRun | None:
+        return self._cache.find((self._scope, path))
+
     def remember(self, run: PendingRun) -> None:
         """Cache ``run`` (just built or read)."""
-        self._runs.put(run_path(run.shard_id, run.generations), run)
+        self._cache.put((self._scope, run_path(run.shard_id, run.generations)), run)
         with self._lock:
             self._missing.clear()
 

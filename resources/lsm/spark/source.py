@@ -208,6 +208,7 @@ class LsmReader(DataSourceReader):
         table = TableHandle.open(uri, storage_options)
         self.uri = table.uri
         self.storage_options = table.storage_options
+        self.cache_scope = table.cache_scope
         self.primary_key = list(table.primary_key)
         self.as_of = as_of
         self.table_schema = table.dataset_at(as_of).schema if as_of else table.schema
@@ -245,7 +246,7 @@ class LsmReader(DataSourceReader):
         partition = cast(ShardRangePartition, partition)  # one of :meth:`partitions`
         storage = TableStorage(self.uri, self.storage_options)
         dataset = lance.dataset(self.uri, version=partition.base_version, storage_options=self.storage_options)
-        runs = PendingRuns(storage)
+        runs = PendingRuns(storage, self.cache_scope)
         levels = [
             resolve_levels(self._snapshot(dataset, storage, runs, pin), self.table_schema.names)
             for pin in partition.shards

@@ -86,3 +86,13 @@ def test_values_put_found_and_discarded_keep_the_byte_budget():
     cache.put("d", "d")  # a replaced value's bytes are released too
     cache.put("e", "eee")  # 6 bytes with "c" and "d"
     assert [cache.find(k) for k in "cde"] == ["cc", "d", "eee"]
+
+
+def test_a_cleared_cache_holds_nothing_and_its_byte_budget_is_whole_again():
+    cache: LruCache[str, bytes] = LruCache(max_entries=4, max_bytes=10, size_of=len)
+    for key in "abc":
+        cache.put(key, b"xxx")
+    cache.clear()
+    assert all(cache.find(key) is None for key in "abc")
+    cache.put("d", b"x" * 10)  # fits only if the cleared values no longer count
+    assert cache.find("d") == b"x" * 10

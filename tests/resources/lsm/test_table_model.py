@@ -26,8 +26,8 @@ from resources.lsm import LsmTable
 from resources.lsm.maintenance import compaction
 from resources.lsm.maintenance.compaction import MaintenancePolicy, maintain_base
 from resources.lsm.read.deletion_vector import fragment_ids
-from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRuns
-from tests.helpers import rows_by_key
+from resources.lsm.read.pending_run import NOT_IN_BASE
+from tests.helpers import rows_by_key, stored_run
 
 STEPS = settings(max_examples=12, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -168,7 +168,7 @@ class LsmTableMachine(RuleBasedStateMachine):
         address = {tuple(r[k] for k in self.primary_key): r["_rowaddr"] for r in base}
         fragments = fragment_ids(dataset)
         for shard in self.table.handle.shard_states(dataset):
-            run = PendingRuns(self.table.handle.storage).find(shard, maintenance=True)
+            run = stored_run(self.table, shard)
             if run is None or not run.superseded.holds_in(fragments):
                 continue  # none stored, or stale: readers join keys
             keys = [tuple(r[k] for k in self.primary_key) for r in run.changes.to_pylist()]

@@ -26,9 +26,9 @@ from resources.lsm.read.deletion_vector import fragment_ids
 from resources.lsm.read.key_hash_files import key_hash_file
 from resources.lsm.read.level_readers import builds_done
 from resources.lsm.read.merged_read import resolve_levels
-from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRun, PendingRuns, run_path
+from resources.lsm.read.pending_run import NOT_IN_BASE, PendingRun, run_path
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
-from tests.helpers import REPO_ROOT, drop_pending_runs, reads_of, rows_by_key
+from tests.helpers import REPO_ROOT, drop_pending_runs, in_another_process, reads_of, rows_by_key, stored_run
 from tests.resources.lsm.maintenance.maintenance_helpers import build_change_table, oracle_view
 
 LOGGER = "resources.lsm.read.pending_run"
@@ -79,9 +79,8 @@ def keys_looked_up_in_base(monkeypatch) -> list[int]:
 
 
 def stored_base_rows(table: LsmTable) -> dict[int, int | None]:
-    """Each key of the table's stored runs (read by a reader opened now) with the base row its run holds."""
-    reader = LsmTable.open(table.uri)
-    runs = [reader.handle.runs.find(shard) for shard in reader.shards()]
+    """Each key of the table's stored runs (read from their files) with the base row its run holds."""
+    runs = [stored_run(table, shard) for shard in table.shards()]
     return {
         key: row
         for run in runs
@@ -124,7 +123,7 @@ def test_flush_stores_one_run_per_shard_whose_vector_points_at_the_superseded_ba
     base = table.dataset().to_table(columns=["id"], with_row_address=True)
     address = dict(zip(base["id"].to_pylist(), base["_rowaddr"].to_pylist(), strict=True))
     for shard in table.shards():
-        run = PendingRuns(table.handle.storage).find(shard)
+        run = stored_run(table, shard)
         assert run is not None and run.generations == shard.pending_generations
         keys = run.changes["id"].to_pylist()
         assert len(set(keys)) == len(keys)
@@ -137,7 +136,7 @@ def test_a_run_read_from_storage_has_its_buffers_aligned_for_their_types(tmp_pat
     """The run's body sits 12 bytes into its file: parsed in place, Acero warned on every join over it."""
     table, _ = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     for shard in table.shards():
-        run = PendingRuns(table.handle.storage).find(shard)  # read from its file, not the builder's copy
+        run = stored_run(table, shard)  # read from its file, not the builder's copy
         assert run is not None
         for column in [*run.changes.columns, run.base_rows]:
             for chunk in getattr(column, "chunks", [column]):
@@ -161,7 +160,7 @@ def test_a_run_serving_many_lookups_answers_them_through_its_key_index_as_by_sca
 def indexed_run_and_a_newer_one(tmp_path, stored_by: str) -> tuple[LsmTable, PendingRun]:
     """A one-shard table whose lookups indexed its run (returned), then a newer run over one more
     generation (0 and 1,000 upserted to 2, 1 deleted), stored through the table itself or through
-    a table opened anew (as a keeper in another process would: the table's cache never sees it)."""
+    a table opened as in another process (as a keeper would: the table's cache never sees it)."""
     schema = pa.schema([("id", pa.int64()), ("value", pa.int64())])
     table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["id"], num_shards=1)
     table.write(pa.table({"id": range(1_000), "value": [0] * 1_000}, schema=schema))
@@ -175,7 +174,7 @@ def indexed_run_and_a_newer_one(tmp_path, stored_by: str) -> tuple[LsmTable, Pen
     (shard,) = table.shards()
     first = table.handle.runs.for_lookups(shard, table.primary_key)
     assert first is not None and first.index_built(timeout=60)
-    writer = table if stored_by == "itself" else LsmTable.open(table.uri)
+    writer = table if stored_by == "itself" else in_another_process(LsmTable.open(table.uri))
     writer.write(pa.table({"id": [0, 1, 1_000], "value": [2, 2, 2], "_op": ["upsert", "delete", "upsert"]}))
     writer.close()
     writer.build_pending_runs()  # the newer run: over the first's generation and the new one
@@ -214,6 +213,27 @@ def test_lookups_read_a_newer_run_another_process_stored_off_their_path(tmp_path
     assert table.lookup([0, 1, 2, 1_000])["value"].to_pylist() == [2, 1, 2]
 
 
+def test_a_table_opened_anew_reads_no_run_and_builds_no_key_index_an_earlier_one_did(tmp_path, monkeypatch):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    pending_run.SHARED_RUNS.clear()
+    first = LsmTable.open(table.uri)
+    assert_reads_and_lookups(first, batches)  # reads each run
+    for key in range(50):
+        first.lookup([key])  # and indexes its keys
+    runs = [first.handle.runs.find(shard) for shard in first.shards()]
+    assert all(run is not None and run.index_built(timeout=60) for run in runs)
+    read: list[str] = []
+    read_run = pending_run.read_run
+    monkeypatch.setattr(
+        pending_run, "read_run", lambda storage, path, shard: read.append(path) or read_run(storage, path, shard)
+    )
+
+    again = LsmTable.open(table.uri)
+    assert_reads_and_lookups(again, batches)
+    assert not read
+    assert [again.handle.runs.for_lookups(shard, again.primary_key) for shard in again.shards()] == runs
+
+
 def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path, caplog, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     drop_pending_runs(table)
@@ -234,10 +254,10 @@ def test_without_runs_reads_are_right_and_warn_once_maintenance_is_late(tmp_path
 def test_a_run_found_missing_is_looked_for_again_only_after_the_recheck_interval(tmp_path, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     drop_pending_runs(table)
-    reader, maintainer = LsmTable.open(table.uri), LsmTable.open(table.uri)
+    reader, maintainer = LsmTable.open(table.uri), in_another_process(LsmTable.open(table.uri))
     for each in (reader, maintainer):
         assert_reads_and_lookups(each, batches)  # finds every shard's run missing
-    table.build_pending_runs()  # another table object (as another process) stores them
+    in_another_process(table).build_pending_runs()  # stores them
 
     shard = reader.shards()[0]
     assert maintainer.handle.runs.find(shard, maintenance=True) is not None  # maintenance always looks
@@ -279,6 +299,7 @@ def test_a_corrupt_or_truncated_run_is_read_around_with_a_warning(tmp_path, capl
     with open(table.handle.storage.path(second), "r+b") as f:
         f.seek(0)
         f.write(b"not an arrow file")
+    pending_run.SHARED_RUNS.clear()  # read by a new process
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert_reads_and_lookups(LsmTable.open(table.uri), batches)
     assert caplog.text.count("is unreadable") == 2
@@ -347,16 +368,14 @@ def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
     table.flush()  # only the runs over the older generations exist
     reader = LsmTable.open(table.uri)
     for shard in reader.shards():
-        run = PendingRuns(reader.handle.storage).find(shard)
+        run = stored_run(reader, shard)
         assert run is not None and run.extra_generations(shard) == shard.pending_generations[-1:]
     assert_reads_and_lookups(reader, batches + newest)
 
 
 def test_an_extended_run_looks_up_only_keys_no_earlier_run_looked_up(tmp_path, monkeypatch):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
-    in_runs = [
-        k for shard in table.shards() for k in PendingRuns(table.handle.storage).find(shard).changes["id"].to_pylist()
-    ]
+    in_runs = [k for shard in table.shards() for k in stored_run(table, shard).changes["id"].to_pylist()]
     looked_up = keys_looked_up_in_base(monkeypatch)
     keys = sorted(in_runs)[:300] + list(range(900_000, 900_050))  # keys the runs hold (in the base or not), new ones
     newest = upserts(keys, batches[0].schema)
@@ -449,6 +468,7 @@ def test_sigkill_while_runs_are_built_never_changes_an_answer(tmp_path, caplog):
         time.sleep(rng.uniform(0.05, 0.6))
         child.send_signal(signal.SIGKILL)
         child.wait()
+        pending_run.SHARED_RUNS.clear()  # read what the kill left, as a new process would
         with caplog.at_level(logging.WARNING):
             assert_reads_and_lookups(LsmTable.open(table.uri), batches)  # through whichever key indexes exist
         assert "unreadable" not in caplog.text  # runs appear whole or not at all
