@@ -78,6 +78,8 @@ from resources.lsm.maintenance.pending_runs import PendingRunKeeper
 from resources.lsm.maintenance.policy import BackpressurePolicy, MergeTrigger
 
 SHARDS = 4
+WRITER_ROUNDS = 3
+"""Runs per side (with and without the keeper) of the writer's throughput, alternating."""
 BACKPRESSURE = BackpressurePolicy(max_wait_seconds=3600.0)
 """What the live writer waits for before each put: a continuous run's default, waiting however long merges take."""
 
@@ -284,7 +286,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     keeper = json.loads(Path(uri, "writer-1.json").read_text())
     merges = json.loads(Path(uri, "merges.json").read_text())
     throughput: dict[bool, list[float]] = {True: [], False: []}
-    for round_ in range(2):
+    for round_ in range(WRITER_ROUNDS):
         for keep in (True, False) if round_ % 2 == 0 else (False, True):
             process = context.Process(target=write_live, args=(uri, kind, rows, size, keep, args.writer_batches, None))
             process.start()
@@ -297,6 +299,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
         "keeper_while_reading": keeper,
         "merges_while_reading": merges,
         "peak_rss_gb": peaks,
+        "writer_rows_per_s_runs": {"with_keeper": throughput[True], "without_keeper": throughput[False]},
         "writer_rows_per_s_with_keeper": with_keeper,
         "writer_rows_per_s_without_keeper": without,
         "keeper_throughput_ratio": with_keeper / without,
@@ -400,7 +403,12 @@ def main() -> None:
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
     parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
     parser.add_argument("--live-probes", type=int, default=300, help="fresh lookups per side beside the writer")
-    parser.add_argument("--writer-batches", type=int, default=20, help="puts of a generation's rows per throughput run")
+    parser.add_argument(
+        "--writer-batches",
+        type=int,
+        default=200,
+        help="puts of a generation's rows per throughput run (200: 10M rows, long enough for several keeper rounds)",
+    )
     parser.add_argument(
         "--live-rows-per-s", type=float, default=50_000, help="the stream written while reads are measured"
     )
