@@ -29,7 +29,9 @@ median of the pairs' ratios):
    shards the merge sensor's default trigger picks, as its runs do beside a
    writer run (``compact(runs_only=True)``, checked every 5 s): the merged
    scan, ``count()`` and lookups (``--live-probes``) against the base, twice
-   (from 10 s after the writer started, then right after), the runs' longest
+   (from 10 s after the writer started, then right after), then rounds of
+   ``--lookup-probes`` fresh lookups a side for ``--lookup-seconds`` (each
+   round's p50 ratio; their median, 90th percentile and worst), the runs' longest
    delay behind the generations, the keeper's mean round and the merges'
    durations and starts (against the writer's start, as the reads' spans are);
    then the writer's throughput with and without the keeper, in
@@ -144,6 +146,37 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, Any]:
         "lance_point_ms": theirs * 1e3,
         "lookup_ratio": ours / theirs,
         "pairs_s": {"scan": scans, "new_reader": new_readers, "count": counts},
+    }
+
+
+def lookups_over_time(uri: str, kind: str, rows: int, seconds: float, probes: int) -> dict[str, Any]:
+    """Rounds of ``probes`` fresh lookups a side against Lance's point query on the latest base, for ``seconds``.
+
+    Beside a writer the table changes every few seconds (a run replaced, a
+    merge committed, the base tidied), and one p50 pair over a span lands
+    on whichever of those it met: each round's p50 ratio is kept with when
+    it started, and the rounds' median and 90th percentile summarize them.
+    """
+    table, base = LsmTable.open(uri), lance.dataset(uri)
+    rng = np.random.default_rng(len(uri) + 1)
+    rounds = []
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        latest = base.checkout_version(base.latest_version)  # same session: Lance's index cache stays warm
+        ids = rng.choice(rows, 2 * probes + 2, replace=False).tolist()
+        at = time.monotonic() - began
+        ours, theirs = p50_side_by_side(
+            lambda probe: table.lookup([probe[0]]),
+            lambda probe, latest=latest: latest.to_table(filter=probe[1]),
+            key_probes(kind, ids),
+        )
+        rounds.append({"at_s": at, "lookup_ms": ours * 1e3, "lance_point_ms": theirs * 1e3, "ratio": ours / theirs})
+    ratios = [r["ratio"] for r in rounds]
+    return {
+        "rounds": rounds,
+        "median_ratio": statistics.median(ratios),
+        "p90_ratio": float(np.quantile(ratios, 0.9)),
+        "worst_ratio": max(ratios),
     }
 
 
@@ -276,6 +309,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
         writing_for = time.monotonic() - started
         measured = reads(uri, kind, repeat, args.live_probes)
         live.append(measured | {"writer_seconds": writing_for, "until_writer_seconds": time.monotonic() - started})
+    lookup_rounds = lookups_over_time(uri, kind, rows, args.lookup_seconds, args.lookup_probes)
     for role, process in (("writer", writer), ("merger", merger)):
         if process.exitcode is not None:  # its traceback is above: what was measured is not of a live table
             raise RuntimeError(f"the {role} process stopped during the reads (exit code {process.exitcode})")
@@ -296,6 +330,7 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     return {
         "reads": live[0],
         "reads_later": live[1],
+        "lookups_over_time": lookup_rounds,
         "keeper_while_reading": keeper,
         "merges_while_reading": merges,
         "peak_rss_gb": peaks,
@@ -356,7 +391,31 @@ def render(results: dict[str, Any]) -> str:
             f"| {_merges_cell(live.get('merges_while_reading', []))} | {_stall_cell(keeper)} "
             f"| {_peaks_cell(live.get('peak_rss_gb'))} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _lookup_rounds_table(results)) + "\n"
+
+
+def _lookup_rounds_table(results: dict[str, Any]) -> list[str]:
+    """Lookups beside the writer, round by round, summarized per key kind (none if no run measured them)."""
+    measured = {k: f["live"]["lookups_over_time"] for k, f in results["kinds"].items() if "live" in f}
+    measured = {k: m for k, m in measured.items() if m}
+    if not measured:
+        return []
+    lines = [
+        "",
+        "| key | lookup rounds beside the writer | p50 / Lance p50 per round: median / p90 / worst "
+        "| ours / Lance p50, median over rounds |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for kind, m in measured.items():
+        rounds = m["rounds"]
+        ours = statistics.median(r["lookup_ms"] for r in rounds)
+        theirs = statistics.median(r["lance_point_ms"] for r in rounds)
+        lines.append(
+            f"| {kind} | {len(rounds)} over {rounds[-1]['at_s']:.0f} s "
+            f"| {m['median_ratio']:.2f}x / {m['p90_ratio']:.2f}x / {m['worst_ratio']:.2f}x "
+            f"| {ours:.2f} / {theirs:.2f} ms |"
+        )
+    return lines
 
 
 def _merges_cell(merges: list[dict[str, float]]) -> str:
@@ -403,6 +462,10 @@ def main() -> None:
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per generation")
     parser.add_argument("--probes", type=int, default=100, help="fresh lookups per side and state")
     parser.add_argument("--live-probes", type=int, default=300, help="fresh lookups per side beside the writer")
+    parser.add_argument(
+        "--lookup-seconds", type=float, default=180, help="seconds of lookup rounds beside the writer, after the spans"
+    )
+    parser.add_argument("--lookup-probes", type=int, default=100, help="fresh lookups per side and round")
     parser.add_argument(
         "--writer-batches",
         type=int,
