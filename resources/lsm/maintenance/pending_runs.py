@@ -121,6 +121,11 @@ def _retire_extended(handle: TableHandle, extended: PendingRun | None, run: Pend
 
 
 DEFAULT_KEEPER_INTERVAL_SECONDS = 2.0
+DEFAULT_KEEPER_BUSY_SHARE = 0.25
+"""The share of the time a keeper spends building runs, at most: after a round of ``t`` seconds it waits
+``t * (1 - share) / share`` (at least its interval). Beside a writer putting rows as fast as 2 cores take them
+(64Mi-row base, 4 shards), rounds take 7-10 s and back to back cost the writer a fifth of its rows a second;
+fewer, longer rounds also rewrite each shard's run fewer times for the same generations."""
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +151,10 @@ class PendingRunKeeper:
     """Builds the runs of generations live writers cut, every ``interval_seconds``, on a thread of its own.
 
     A generation gets its run within about ``interval_seconds`` plus one
-    build after it is flushed. A round builds runs only: the key files of
+    build after it is flushed while rounds are short; a round that took long
+    (a writer cutting generations faster than they are built, cores taken by
+    a merge) is followed by a longer wait, so that building takes at most
+    ``busy_share`` of the time and the writers keep the rest. A round builds runs only: the key files of
     fragments a merge or rewrite added are the merge's to store (it does so
     as it commits), and reading back a rewritten base's keys here (64Mi
     rows: tens of seconds on busy cores) held every run behind it. A failed
@@ -160,8 +168,11 @@ class PendingRunKeeper:
         handle: TableHandle,
         interval_seconds: float = DEFAULT_KEEPER_INTERVAL_SECONDS,
         report: Callable[[str], None] | None = None,
+        busy_share: float = DEFAULT_KEEPER_BUSY_SHARE,
     ) -> None:
-        self._handle, self._interval = handle, interval_seconds
+        if not 0 < busy_share <= 1:
+            raise ValueError(f"busy_share must be in (0, 1], not {busy_share}")
+        self._handle, self._interval, self._busy_share = handle, interval_seconds, busy_share
         self._report = report or log.warning
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lsm-run-keeper", daemon=True)
@@ -178,8 +189,12 @@ class PendingRunKeeper:
         self._thread.join()
 
     def _loop(self) -> None:
-        while not self._stopped.wait(self._interval):
+        wait = self._interval
+        while not self._stopped.wait(wait):
+            started = time.monotonic()
             self.keep_up()
+            took = time.monotonic() - started
+            wait = max(self._interval, took * (1 - self._busy_share) / self._busy_share)
 
     def keep_up(self) -> None:
         """One round: build the runs missing now, adding what it did to :attr:`stats`.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
+import pytest
 
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR, RUNS_DIR
@@ -52,6 +53,27 @@ def test_generations_a_live_writer_cuts_get_runs_and_the_writer_is_never_fenced(
     assert 0 < keeper.stats.max_delay_seconds < 20
     table.write(_batch(10_000, 9))  # still this object's writers: no claim in between
     table.close()
+
+
+def test_a_keeper_spends_at_most_its_busy_share_of_the_time_building_runs(tmp_path):
+    table = _live_table(tmp_path)
+    started = time.monotonic()
+    # An interval far shorter than a round: without the cap the keeper would build nearly all the time.
+    with PendingRunKeeper(table.handle, interval_seconds=0.001, busy_share=0.2) as keeper:
+        for i in range(6):
+            table.write(_batch(i * 250, i))
+            time.sleep(0.2)
+    elapsed = time.monotonic() - started
+    stats = keeper.stats
+    assert stats.rounds >= 2 and stats.runs_built >= 1 and stats.errors == 0
+    # Each round is followed by a wait of 4 times its length; the last one may end as the keeper stops.
+    assert stats.busy_seconds <= 0.2 * elapsed + stats.longest_round_seconds
+    table.close()
+
+
+def test_a_keepers_busy_share_must_be_a_share():
+    with pytest.raises(ValueError, match="busy_share"):
+        PendingRunKeeper(None, busy_share=0)  # type: ignore[arg-type]
 
 
 def test_a_longer_run_retires_the_run_it_extends_and_readers_holding_that_one_stay_right(tmp_path):
