@@ -19,6 +19,7 @@ from resources.lsm.maintenance.policy import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_MAX_DELETED_FRACTION,
     DEFAULT_MAX_ROWS_PER_PASS,
+    DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS,
 )
 
 from .checks import enforce_merge_guards
@@ -53,6 +54,10 @@ class MergeConfig(ShardsConfig):
         default=DEFAULT_MAX_DELETED_FRACTION,
         description="After merging, rewrite the base's fragments once more than this fraction of its rows are deleted.",
     )
+    max_rows_rewritten_per_pass: int = Field(
+        default=DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS,
+        description="Physical rows one tidy-up rewrites at most (one group at least); the next merge goes on.",
+    )
 
 
 class GcConfig(Config):
@@ -76,7 +81,13 @@ def _gc_defaults(table: DeclaredTable) -> dict[str, Any]:
 
 
 FLUSH_CONFIG = StepConfig(FlushConfig)
-MERGE_CONFIG = StepConfig(MergeConfig, lambda table: {"max_deleted_fraction": table.tidy.max_deleted_fraction})
+MERGE_CONFIG = StepConfig(
+    MergeConfig,
+    lambda table: {
+        "max_deleted_fraction": table.tidy.max_deleted_fraction,
+        "max_rows_rewritten_per_pass": table.tidy.max_rows_rewritten_per_pass,
+    },
+)
 GC_CONFIG = StepConfig(GcConfig, _gc_defaults)
 
 
@@ -206,7 +217,10 @@ def merge_shards(
         shard_ids,
         max_rows_per_pass=config.max_rows_per_pass,
         runs_only=bool(live_runs),
-        maintenance=MaintenancePolicy(max_deleted_fraction=config.max_deleted_fraction),
+        maintenance=MaintenancePolicy(
+            max_deleted_fraction=config.max_deleted_fraction,
+            max_rows_rewritten_per_pass=config.max_rows_rewritten_per_pass,
+        ),
     )
     bucket = {shard_id: b for b, shard_id in enumerate(table.shard_ids)}
     per_shard = {}

@@ -22,7 +22,7 @@ from dagster import Config
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .lsm.declared_schema import check_type_name
-from .lsm.maintenance.policy import DEFAULT_MAX_DELETED_FRACTION
+from .lsm.maintenance.policy import DEFAULT_MAX_DELETED_FRACTION, DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS
 from .settings import (
     DEFAULT_TABLE_URI,
     create_table_if_missing,
@@ -129,6 +129,13 @@ class TidyDeclaration(_Section):
             "the deleted rows until then."
         ),
     )
+    max_rows_rewritten_per_pass: int = Field(
+        default=DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS,
+        description=(
+            "Physical rows one tidy-up rewrites at most (at least one group of fragments); the rest wait for the "
+            "next merge, so no merge holds the writers for a rewrite of the whole base."
+        ),
+    )
 
     @field_validator("max_deleted_fraction")
     @classmethod
@@ -136,6 +143,13 @@ class TidyDeclaration(_Section):
         if not 0.0 < fraction < 1.0:
             raise ValueError(f"max_deleted_fraction {fraction} must be between 0 and 1 (exclusive)")
         return fraction
+
+    @field_validator("max_rows_rewritten_per_pass")
+    @classmethod
+    def _some_rows(cls, rows: int) -> int:
+        if rows < 1:
+            raise ValueError(f"max_rows_rewritten_per_pass {rows} must be at least 1")
+        return rows
 
 
 class GcDeclaration(_Section):

@@ -96,6 +96,7 @@ _JOBS = ("ingest_job", "maintenance_job", "quality_job")
         (ORDERS.replace("name: orders", "name: Orders"), "table name 'Orders'"),
         (ORDERS.replace("columns:", "columns: [\n"), "defs.yaml"),
         (ORDERS.replace("shards: 2", "shards: 2\n  tidy: {max_deleted_fraction: 1.5}"), "max_deleted_fraction"),
+        (ORDERS.replace("shards: 2", "shards: 2\n  tidy: {max_rows_rewritten_per_pass: 0}"), "must be at least 1"),
     ],
     ids=[
         "unknown-type",
@@ -106,6 +107,7 @@ _JOBS = ("ingest_job", "maintenance_job", "quality_job")
         "bad-name",
         "yaml",
         "bad-fraction",
+        "bad-rewrite-budget",
     ],
 )
 def test_a_bad_declaration_is_reported_with_its_file_and_field_and_the_others_load(tables_dir, text, expected):

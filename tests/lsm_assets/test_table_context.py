@@ -17,7 +17,7 @@ ORDERS = DeclaredTable.model_validate(
         "primary_key": ["order_id"],
         "landing": {"directory": "/landing/orders", "retention": "keep", "csv_null_markers": ["", "NA"]},
         "gc": {"wal_grace_seconds": 5.0},
-        "tidy": {"max_deleted_fraction": 0.3},
+        "tidy": {"max_deleted_fraction": 0.3, "max_rows_rewritten_per_pass": 5000},
         "quality": {"sample_rows": 500},
     }
 )
@@ -36,7 +36,8 @@ def test_every_table_shares_one_schema_and_a_run_without_config_takes_its_tables
     assert orders.landing_retention == "keep" and orders.csv_null_markers == ["", "NA"]
     assert orders.quarantine_dir == "/landing/orders/_quarantine"
     assert GC_CONFIG.resolve(build_op_context(op_config={}), ORDERS).wal_grace_seconds == 5.0
-    assert MERGE_CONFIG.resolve(build_op_context(op_config={}), ORDERS).max_deleted_fraction == 0.3
+    merge = MERGE_CONFIG.resolve(build_op_context(op_config={}), ORDERS)
+    assert (merge.max_deleted_fraction, merge.max_rows_rewritten_per_pass) == (0.3, 5000)
     assert DRILL_CHECK_CONFIG.resolve(build_op_context(op_config=None), ORDERS).sample_rows == 500
 
 

@@ -83,7 +83,7 @@ from ..read.key_hash_files import key_files, write_key_hashes_of_written, write_
 from ..read.pending_run import NOT_IN_BASE, PendingRun
 from ..read.rewrites import compact_recording_moves
 from .base_commits import commit_data, commit_marker, data_from_merge_insert, data_from_runs
-from .policy import DEFAULT_MAX_DELETED_FRACTION, DEFAULT_MAX_ROWS_PER_PASS
+from .policy import DEFAULT_MAX_DELETED_FRACTION, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS
 
 MAX_CONFLICTS_PER_SHARD = 8
 """Lost commits holding a shard that a merge tolerates (re-planning each time) before giving up."""
@@ -118,6 +118,13 @@ class MaintenancePolicy:
         fragments started it). A rewrite costs about ``1 / max_deleted_fraction``
         base rows per changed row; an unfiltered merged scan reads the deleted
         rows and drops them by position, a cost in the rows it reads.
+    max_rows_rewritten_per_pass
+        Physical rows one tidy-up rewrites at most: the first groups Lance
+        plans up to this many (at least one group); the rest wait for the
+        next merge's tidy-up. Under random upserts every fragment crosses
+        ``max_deleted_fraction`` at about the same time, and rewriting them
+        all at once (64Mi rows beside a live writer: 130-200 s) holds the
+        merges, and the writers waiting on them, for as long.
     min_unindexed_rows
         Run ``optimize_indices`` when an index misses at least this many rows.
         0 (default) optimizes after every merge: cheap when nothing is
@@ -140,6 +147,7 @@ class MaintenancePolicy:
     small_fragment_rows: int = 256 * 1024
     target_fragment_rows: int = 1024 * 1024
     max_deleted_fraction: float = DEFAULT_MAX_DELETED_FRACTION
+    max_rows_rewritten_per_pass: int = DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS
     min_unindexed_rows: int = 0
     max_index_deltas: int = 4
     max_index_delta_fraction: float = 0.25
@@ -633,6 +641,7 @@ def maintain_base(storage: TableStorage, dataset: lance.LanceDataset, policy: Ma
                 dataset,
                 target_rows_per_fragment=policy.target_fragment_rows,
                 materialize_deletions_threshold=policy.max_deleted_fraction,
+                max_rows_rewritten=policy.max_rows_rewritten_per_pass,
             )
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:

@@ -18,6 +18,8 @@ DEFAULT_MAX_ROWS_PER_PASS = 1_000_000
 """Generation rows one merge commit reads at most."""
 
 DEFAULT_MAX_DELETED_FRACTION = 0.1
+DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS = 8 * 1024 * 1024
+"""Physical base rows one tidy-up rewrites at most (the rest wait for the next merge's)."""
 """Deleted share of the base's physical rows past which a merge's tidy-up rewrites the fragments holding them."""
 
 DEFAULT_GRACE_SECONDS = 3600.0

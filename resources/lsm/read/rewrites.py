@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -28,7 +30,7 @@ from typing import Any
 import lance
 import numpy as np
 import pyarrow as pa
-from lance.optimize import Compaction, CompactionMetrics, CompactionOptions
+from lance.optimize import Compaction, CompactionMetrics, CompactionOptions, CompactionTask
 
 from ..format.layout import REWRITES_DIR
 from ..format.schema import ROW_ADDRESS
@@ -64,41 +66,52 @@ def compact_recording_moves(
     dataset: lance.LanceDataset,
     target_rows_per_fragment: int,
     materialize_deletions_threshold: float,
-) -> CompactionMetrics:
+    max_rows_rewritten: int | None = None,
+) -> CompactionMetrics | None:
     """``dataset.optimize.compact_files`` with these options, recording where it put the rows it moved.
 
-    The groups are planned before (``Compaction.plan`` with the same options
-    on the same version: what ``compact_files`` plans) and matched, in
-    order, with the fragments the commit added, by their row counts. Nothing
-    is recorded when they do not match (a plan that differed, another
-    writer's fragments committed in between): the rows are then looked up
-    again.
+    Rewrites the groups ``Compaction.plan`` plans, in order, as long as they
+    hold at most ``max_rows_rewritten`` physical rows (default: all of them;
+    the first group always), and commits those (``Compaction.commit`` takes
+    any subset of a plan): the groups left stay as they are for a later
+    call, so one call's cost is bounded whatever the base's size. The
+    groups are matched, in order, with the fragments the commit added, by
+    their row counts, and recorded. Nothing is recorded when they do not
+    match (another writer's fragments committed in between): the rows are
+    then looked up again. ``None`` when the plan holds nothing to rewrite.
     """
     options = CompactionOptions(
         target_rows_per_fragment=target_rows_per_fragment,
         materialize_deletions_threshold=materialize_deletions_threshold,
     )
     read_version = dataset.version
-    planned = [list(task.fragments) for task in Compaction.plan(dataset, options).tasks]
+    tasks = _within(Compaction.plan(dataset, options).tasks, max_rows_rewritten)
+    if not tasks:
+        return None
     before = {fragment.fragment_id for fragment in dataset.get_fragments()}
-    metrics = dataset.optimize.compact_files(
-        target_rows_per_fragment=target_rows_per_fragment,
-        materialize_deletions_threshold=materialize_deletions_threshold,
-    )
+    with ThreadPoolExecutor(max_workers=min(len(tasks), os.cpu_count() or 1)) as pool:
+        rewritten = list(pool.map(lambda task: task.execute(dataset), tasks))
+    metrics = Compaction.commit(dataset, rewritten, options)
     added = sorted(
         (f.fragment_id, f.metadata.physical_rows) for f in dataset.get_fragments() if f.fragment_id not in before
     )
-    groups = _matched(planned, added)  # another writer's fragments committed in between are left over: None
+    groups = _matched([list(task.fragments) for task in tasks], added)  # another writer's fragments left over: None
     if groups is None:
         log.warning("rewrite of version %d: the fragments it added do not match its plan; not recorded", read_version)
-        return metrics
-    if not groups:  # nothing was rewritten
         return metrics
     record = {"read_version": read_version, "groups": groups}
     storage.write_bytes_atomic(f"{REWRITES_DIR}/{dataset.version:020d}.json", json.dumps(record).encode())
     for name in _record_names(storage)[:-REWRITES_FOLLOWED]:  # older than any a build reads
         storage.delete_file(f"{REWRITES_DIR}/{name}")
     return metrics
+
+
+def _within(tasks: list[CompactionTask], max_rows: int | None) -> list[CompactionTask]:
+    """The first of ``tasks`` whose fragments hold at most ``max_rows`` physical rows together (at least one)."""
+    if max_rows is None:
+        return tasks
+    rows = np.cumsum([sum(f.physical_rows for f in task.fragments) for task in tasks])
+    return tasks[: max(1, int(np.searchsorted(rows, max_rows, side="right")))] if tasks else []
 
 
 def _record_names(storage: TableStorage) -> list[str]:

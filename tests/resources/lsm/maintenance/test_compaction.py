@@ -308,6 +308,30 @@ def test_a_tidy_up_rewrites_the_fragments_past_the_policys_deleted_fraction(tmp_
     assert len(view) == 1000 and view[(5,)]["customer"] == "last" and view[(100,)]["customer"] == "again"
 
 
+def test_a_tidy_up_rewrites_at_most_its_budget_and_later_merges_go_on_where_it_stopped(tmp_path):
+    table = LsmTable.create(str(tmp_path / "t.lance"), EVENTS_SCHEMA, ["id"], num_shards=1)
+    for start in range(0, 1000, 250):
+        write_generation(table, list(range(start, start + 250)), "first")
+        table.compact(maintenance=None)
+    originals = {f.fragment_id for f in table.dataset().get_fragments()}
+    assert len(originals) == 4
+    policy = MaintenancePolicy(target_fragment_rows=250, max_rows_rewritten_per_pass=300)  # one group a pass
+    customers = dict.fromkeys(range(1000), "first")
+    left = []
+    for i in range(3):
+        updated = [k for k in range(1000) if k % 5 == i]  # a fifth of every fragment's rows
+        write_generation(table, updated, f"again {i}")
+        table.build_pending_runs()  # runs whose rows the tidy-up moves
+        customers.update(dict.fromkeys(updated, f"again {i}"))
+        tidy = table.compact(maintenance=policy).maintenance
+
+        assert tidy.files_compacted and tidy.fragments_removed >= 1
+        left.append(len(originals & {f.fragment_id for f in table.dataset().get_fragments()}))
+        view = rows_by_key(table.read())
+        assert {key[0]: row["customer"] for key, row in view.items()} == customers
+    assert 0 < left[0] < len(originals) and left[-1] == 0  # the first pass left some for the next ones
+
+
 @pytest.mark.parametrize("delta_fraction, most_segments", [(1.0, 3), (0.0, 2)])
 def test_each_merge_indexes_only_its_rows_and_merges_index_deltas_occasionally(tmp_path, delta_fraction, most_segments):
     # delta_fraction 1.0: deltas never outgrow the base's segment, so they are only merged

@@ -53,6 +53,41 @@ def test_rows_are_followed_through_two_rewrites_of_several_groups_and_deleted_on
     assert 0 < followed.null_count == len(first) - len(now)
 
 
+def test_a_bounded_rewrite_takes_the_first_groups_and_the_next_one_goes_on_where_it_stopped(table):
+    storage, dataset = table
+    first = _addresses_by_id(dataset)
+    dataset.delete("id % 7 = 3")  # every fragment past the threshold: one group each
+    untouched = fragment_ids(dataset)
+
+    metrics = compact_recording_moves(
+        storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05, max_rows_rewritten=450
+    )
+
+    assert metrics is not None and metrics.fragments_removed == 2  # two 200-row groups fit 450 rows
+    assert len(untouched - fragment_ids(dataset)) == 2
+    compact_recording_moves(
+        storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05, max_rows_rewritten=1
+    )
+    newest = sorted(entry.name for entry in storage.list_files(REWRITES_DIR))[-1]
+    assert len(json.loads(storage.read_bytes(f"{REWRITES_DIR}/{newest}"))["groups"]) == 1  # one, whatever the bound
+    assert len(untouched - fragment_ids(dataset)) > 2
+    now = _addresses_by_id(dataset)
+    followed = follow_moved_rows(
+        storage, dataset, fragment_ids(dataset), np.array(list(first.values()), dtype=np.uint64)
+    )
+    followed_to = dict(zip(first, followed.to_pylist(), strict=True))
+    assert all(followed_to[key] == address for key, address in now.items())  # moved or not, every live row
+    assert followed.null_count > 0  # deleted rows a rewrite dropped; those still in place are Lance's to skip
+
+
+def test_nothing_to_rewrite_commits_nothing(table):
+    storage, dataset = table
+    version = dataset.version
+
+    assert compact_recording_moves(storage, dataset, 200, 0.05, max_rows_rewritten=450) is None
+    assert lance.dataset(storage.location).version == version and storage.list_files(REWRITES_DIR) == []
+
+
 def test_only_the_newest_records_are_kept(table, monkeypatch):
     storage, dataset = table
     monkeypatch.setattr(rewrites, "REWRITES_FOLLOWED", 1)
@@ -96,7 +131,9 @@ def test_a_rewrite_beside_another_writers_append_is_not_recorded(table, monkeypa
         lance.write_dataset(pa.table({"id": np.arange(5000, 5100)}), storage.location, mode="append")
         return planned
 
-    monkeypatch.setattr(rewrites, "Compaction", SimpleNamespace(plan=plan_then_append))
+    monkeypatch.setattr(
+        rewrites, "Compaction", SimpleNamespace(plan=plan_then_append, commit=rewrites.Compaction.commit)
+    )
     compact_recording_moves(storage, dataset, target_rows_per_fragment=200, materialize_deletions_threshold=0.05)
 
     assert 5000 in _addresses_by_id(lance.dataset(storage.location))  # both commits landed
