@@ -299,7 +299,9 @@ def during_ingestion(uri: str, kind: str, args: argparse.Namespace) -> dict[str,
     live_writer = (uri, kind, rows, size, True, 1 << 30, stop, args.live_rows_per_s)
     writer = context.Process(target=write_live, args=live_writer)
     writer.start()
-    policy = MaintenancePolicy(max_deleted_fraction=args.max_deleted_fraction)
+    policy = MaintenancePolicy(
+        max_deleted_fraction=args.max_deleted_fraction, max_rows_rewritten_per_pass=args.max_rows_rewritten_per_pass
+    )
     merger = context.Process(target=merge_when_due, args=(uri, stop, policy))
     merger.start()
     started = time.monotonic()
@@ -349,9 +351,9 @@ def render(results: dict[str, Any]) -> str:
         f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); the live "
         f"writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger merges the "
         "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run), "
-        f"tidying the base once more than {results.get('max_deleted_fraction', 0.1):.0%} of its rows are deleted. "
-        "Every ratio is against plain Lance on the same base, measured side by side: scan ratios are the median of "
-        f"the ratios of alternating pairs ({results.get('repeat', 3)} per state, {results.get('live_repeat', 3)} "
+        f"{_tidying(results)}. Every ratio is against plain Lance on the same base, measured side by side: scan "
+        f"ratios are the median of the ratios of alternating pairs ({results.get('repeat', 3)} per state, "
+        f"{results.get('live_repeat', 3)} "
         "beside the writer).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
@@ -418,6 +420,13 @@ def _lookup_rounds_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tidying(results: dict[str, Any]) -> str:
+    """How the merger tidied the base (results of runs before the tidy-up budget name none)."""
+    text = f"tidying the base once more than {results.get('max_deleted_fraction', 0.1):.0%} of its rows are deleted"
+    budget = results.get("max_rows_rewritten_per_pass")
+    return text + (f" (at most {budget:,} rows a tidy-up)" if budget else "")
+
+
 def _merges_cell(merges: list[dict[str, float]]) -> str:
     if not merges:
         return "none"
@@ -481,6 +490,12 @@ def main() -> None:
         default=MaintenancePolicy.max_deleted_fraction,
         help="the merger's tidy-up threshold (MaintenancePolicy.max_deleted_fraction)",
     )
+    parser.add_argument(
+        "--max-rows-rewritten-per-pass",
+        type=int,
+        default=MaintenancePolicy.max_rows_rewritten_per_pass,
+        help="the merger's tidy-up budget (MaintenancePolicy.max_rows_rewritten_per_pass)",
+    )
     args = parser.parse_args()
 
     results: dict[str, Any] = {
@@ -488,6 +503,7 @@ def main() -> None:
         "generation_rows": args.generation_rows,
         "live_rows_per_s": args.live_rows_per_s,
         "max_deleted_fraction": args.max_deleted_fraction,
+        "max_rows_rewritten_per_pass": args.max_rows_rewritten_per_pass,
         "repeat": args.repeat,
         "live_repeat": args.live_repeat,
         "kinds": {},
