@@ -154,10 +154,11 @@ class PendingRunKeeper:
     build after it is flushed while rounds are short; a round that took long
     (a writer cutting generations faster than they are built, cores taken by
     a merge) is followed by a longer wait, so that building takes at most
-    ``busy_share`` of the time and the writers keep the rest. A round builds runs only: the key files of
-    fragments a merge or rewrite added are the merge's to store (it does so
-    as it commits), and reading back a rewritten base's keys here (64Mi
-    rows: tens of seconds on busy cores) held every run behind it. A failed
+    ``busy_share`` of the time and the writers keep the rest. A round builds
+    runs only: the key files of fragments a merge or rewrite added are the
+    merge's to store (it does so as it commits), and reading back a
+    rewritten base's keys here (64Mi rows: tens of seconds on busy cores)
+    held every run behind it. A failed
     round (a store outage, a merge racing it) is logged and retried at the
     next one; it never reaches the writers. Use as a context manager around
     the writes: leaving it stops the thread (after its current round).

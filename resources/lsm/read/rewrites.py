@@ -12,7 +12,8 @@ rows (no column decoded, 6 ms a 1Mi-row fragment).
 pylance 14.0.2 cannot read back the transaction of a rewrite that remapped
 an index (every table here has its key's), so :func:`compact_recording_moves`
 records the groups itself: it plans the compaction as ``compact_files``
-will, runs it, and stores the groups under ``_lsm_rewrites/``, named by the
+does, rewrites the groups it takes (a bounded share of the plan) and
+commits them, and stores the groups under ``_lsm_rewrites/``, named by the
 version committed. A rewrite without a record (someone else's, or one whose
 record was not written) moves rows that are then looked up again.
 """
@@ -68,7 +69,7 @@ def compact_recording_moves(
     materialize_deletions_threshold: float,
     max_rows_rewritten: int | None = None,
 ) -> CompactionMetrics | None:
-    """``dataset.optimize.compact_files`` with these options, recording where it put the rows it moved.
+    """Lance's compaction with these options (``compact_files``' plan), recording where it put the rows it moved.
 
     Rewrites the groups ``Compaction.plan`` plans, in order, as long as they
     hold at most ``max_rows_rewritten`` physical rows (default: all of them;
