@@ -10,9 +10,13 @@ keeps those whose key is one asked: a hash two keys share, or a row deleted
 since the index was written (Lance's take skips deleted rows), never
 answers for the key asked.
 
-Used where memory-mapping is possible (local storage), for base versions
-whose every fragment has its index, and while row ids are row addresses;
-any other lookup takes Lance's query.
+Used where memory-mapping is possible (local storage) and while row ids
+are row addresses; any other lookup takes Lance's query. A base version
+some of whose fragments lack their index (written by a tidy-up or
+another writer, not read back yet) has a partial one for the callers that
+search the rest on their own (``BaseKeyIndex.of(..., partial=True)``):
+a tidy-up rewrites a bounded share of the base, and searching only that
+share costs a fraction of searching all of it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from .key_sets import FewKeys, key_mask, spans
 log = logging.getLogger(__name__)
 
 _RECHECK_SECONDS = 5.0
-"""How long a base version found without a complete index is read through Lance's query before looking again
+"""How long a base version found without a complete index is searched without it (in part) before looking again
 (the index of a table that had none is written by the next build of pending runs, without a new version)."""
 
 _ROWS_SCANNED_PER_ROW_TAKEN = 256
@@ -121,23 +125,30 @@ _MAPPED: LruCache[str, _FragmentIndex | None] = LruCache(4096)
 class BaseKeyIndex:
     """The key indexes of one base version's fragments."""
 
-    def __init__(self, fragments: list[_FragmentIndex]) -> None:
+    def __init__(self, fragments: list[_FragmentIndex], missing: tuple[int, ...] = ()) -> None:
         self._fragments = fragments
         self._rows = sum(len(fragment.hashes) for fragment in fragments)
+        self.missing = missing
+        """Ids of the version's fragments without an index (searches skip them)."""
 
     @classmethod
-    def of(cls, storage: TableStorage, dataset: lance.LanceDataset) -> BaseKeyIndex | None:
-        """The index of ``dataset``'s base version, if it can be used (module docstring); kept per dataset object."""
+    def of(cls, storage: TableStorage, dataset: lance.LanceDataset, *, partial: bool = False) -> BaseKeyIndex | None:
+        """The index of ``dataset``'s base version, if it can be used (module docstring); kept per dataset object.
+
+        ``None`` when a fragment lacks its index, unless ``partial``: then the
+        index of the others, which names the fragments it lacks (:attr:`missing`).
+        """
         if not storage.is_local or dataset.has_stable_row_ids:
             return None
         with _LOCK:
             known = _BY_DATASET.get(dataset)
-        if known is not None and (known[0] is not None or time.monotonic() < known[1]):
-            return known[0]
-        index = _opened(storage, dataset)
-        with _LOCK:
-            _BY_DATASET[dataset] = (index, time.monotonic() + _RECHECK_SECONDS)
-        return index
+        complete = known is not None and known[0] is not None and not known[0].missing
+        if known is None or (not complete and time.monotonic() >= known[1]):
+            known = (_opened(storage, dataset), time.monotonic() + _RECHECK_SECONDS)
+            with _LOCK:
+                _BY_DATASET[dataset] = known
+        index = known[0]
+        return index if index is not None and (partial or not index.missing) else None
 
     def search(self, hashes: np.ndarray) -> HashSearch:
         """A search for ``hashes`` in this version's fragments (sorted once, then asked per group of fragments)."""
@@ -237,20 +248,21 @@ _BY_DATASET: weakref.WeakKeyDictionary[lance.LanceDataset, tuple[BaseKeyIndex | 
 
 
 def _opened(storage: TableStorage, dataset: lance.LanceDataset) -> BaseKeyIndex | None:
-    """``dataset``'s index, memory-mapped, or ``None`` if a fragment lacks its file (or holds a damaged one)."""
+    """``dataset``'s index, memory-mapped (naming the fragments without a file), or ``None`` if a file is damaged."""
     stored = stored_key_hash_files(storage, KEY_INDEX_DIR)
-    fragments = []
+    fragments, missing = [], []
     for fragment in dataset.get_fragments():
         path = key_hash_file(fragment, KEY_INDEX_DIR)
         if path not in stored:
-            return None
+            missing.append(fragment.fragment_id)
+            continue
         local = storage.path(path)
         index = _MAPPED.get(local, partial(_mapped, local, fragment.fragment_id))
         if index is None or len(index.hashes) != fragment.physical_rows:
             log.warning("%s does not index its fragment's rows; lookups take Lance's query", path)
             return None
         fragments.append(index)
-    return BaseKeyIndex(fragments)
+    return BaseKeyIndex(fragments, tuple(missing))
 
 
 def _mapped(path: str, fragment_id: int) -> _FragmentIndex | None:

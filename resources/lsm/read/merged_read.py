@@ -388,7 +388,7 @@ def count(snapshot: ReadSnapshot) -> int:
     levels = resolve_levels(snapshot, key)
     vector = levels.superseded
     joined = levels.joined_keys.num_rows
-    index = BaseKeyIndex.of(snapshot.storage, snapshot.dataset) if joined else None
+    index = BaseKeyIndex.of(snapshot.storage, snapshot.dataset, partial=True) if joined else None
     found = count_base_rows(snapshot.dataset, levels.joined_keys, key, besides=vector, index=index)
     superseded = len(vector.addresses) + found
     live: int = live_rows(levels.changes).num_rows
@@ -646,16 +646,33 @@ def _base_rows(
     """The base rows of ``keys``, projected to ``columns`` (which include the key), in no particular order.
 
     Through the fragments' key indexes where the base has them
-    (:class:`~resources.lsm.read.base_key_index.BaseKeyIndex`), else Lance's query.
+    (:class:`~resources.lsm.read.base_key_index.BaseKeyIndex`), else Lance's
+    query (of the fragments without one, when only some lack theirs).
     """
     if not keys.num_rows:
         return pa.schema([dataset.schema.field(c) for c in columns]).empty_table()
     # Naming every column costs Lance a projection plan; a single-column key's filter is exact.
     projection = None if columns == dataset.schema.names else columns
-    index = BaseKeyIndex.of(storage, dataset)
-    if index is not None:
-        return index.rows(dataset, keys, key, projection)
-    found = dataset.to_table(columns=projection, filter=keys_filter(keys, key, key_spread(dataset, key)))
+    index = BaseKeyIndex.of(storage, dataset, partial=True)
+    if index is None:
+        return _queried_rows(dataset, keys, key, projection)
+    found = index.rows(dataset, keys, key, projection)
+    if not index.missing:
+        return found
+    unindexed = [dataset.get_fragment(fragment_id) for fragment_id in index.missing]
+    return pa.concat_tables([found, _queried_rows(dataset, keys, key, projection, unindexed).cast(found.schema)])
+
+
+def _queried_rows(
+    dataset: lance.LanceDataset,
+    keys: pa.Table,
+    key: list[str],
+    projection: list[str] | None,
+    fragments: list[lance.LanceFragment] | None = None,
+) -> pa.Table:
+    """The base rows of ``keys`` (in ``fragments``, default all), through Lance's query."""
+    filter = keys_filter(keys, key, key_spread(dataset, key))
+    found = dataset.scanner(columns=projection, filter=filter, fragments=fragments).to_table()
     return found if len(key) == 1 else key_join(found, keys, key, "left semi")
 
 

@@ -331,7 +331,7 @@ def _fill_base_rows(
     missing = np.flatnonzero(known.is_null().to_numpy(zero_copy_only=False))
     if not len(missing):
         return known
-    index = BaseKeyIndex.of(storage, dataset)  # only when a key is looked up: opening it lists and maps files
+    index = BaseKeyIndex.of(storage, dataset, partial=True)  # only when a key is looked up: opening lists and maps
     found = base_row_addresses(dataset, keys.take(missing), primary_key, index)
     return _placed(known, missing, found.fill_null(NOT_IN_BASE).to_numpy())
 

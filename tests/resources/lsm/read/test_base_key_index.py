@@ -12,7 +12,7 @@ import pytest
 from resources.lsm import LsmTable
 from resources.lsm.format.layout import KEY_INDEX_DIR
 from resources.lsm.maintenance.compaction import MaintenancePolicy, compact
-from resources.lsm.read import base_key_index
+from resources.lsm.read import base_key_index, merged_read
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.deletion_vector import base_row_addresses
 from resources.lsm.read.key_hash_files import key_hash_file, write_missing_key_hashes
@@ -189,13 +189,31 @@ def hash_row_7_like(table: LsmTable, key: str) -> None:
     table.handle.storage.write_bytes_atomic(path, hashes[order].tobytes() + offsets[order].tobytes())
 
 
-def test_a_base_with_a_fragment_lacking_its_index_is_read_through_lances_query(table, monkeypatch):
+def test_a_base_with_a_fragment_lacking_its_index_searches_the_others_and_queries_only_that_one(table, monkeypatch):
     dataset = lance.dataset(table.uri)
     table.handle.storage.delete_file(key_hash_file(dataset.get_fragment(2), KEY_INDEX_DIR))
-    assert BaseKeyIndex.of(table.handle.storage, dataset) is None
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is None  # callers that need every fragment: none
+    partial = BaseKeyIndex.of(table.handle.storage, dataset, partial=True)
+    assert partial is not None and partial.missing == (2,)
     used = index_used(monkeypatch)
-    assert LsmTable.open(table.uri).lookup(["k01001", "k00003"])["id"].to_pylist() == ["k01001", "k00003"]
-    assert used == []
+    queried = []
+    query = merged_read._queried_rows
+    monkeypatch.setattr(
+        merged_read,
+        "_queried_rows",
+        lambda *args: queried.append([f.fragment_id for f in args[4]]) or query(*args),
+    )
+
+    found = LsmTable.open(table.uri).lookup(["k01001", "k00003", "k01999", "k09999"])  # fragments 2, 0, 3; absent
+
+    assert found["id"].to_pylist() == ["k01001", "k00003", "k01999"]
+    assert used == [1] and queried == [[2]]
+    keys = rows("string", [3, 1001, 1999, 9999], 0).select(["id"])
+    assert base_row_addresses(dataset, keys, ["id"], partial).to_pylist() == (
+        base_row_addresses(dataset, keys, ["id"]).to_pylist()
+    )
+    table.write(keys.append_column("_op", pa.array(["delete"] * keys.num_rows)))
+    assert LsmTable.open(table.uri).count() == 2000 - 3
 
 
 def test_a_damaged_index_is_reported_and_lances_query_used(table, caplog):
