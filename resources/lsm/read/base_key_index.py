@@ -150,6 +150,10 @@ class BaseKeyIndex:
         index = known[0]
         return index if index is not None and (partial or not index.missing) else None
 
+    def unindexed(self, dataset: lance.LanceDataset) -> list[lance.LanceFragment]:
+        """The fragments of ``dataset`` (this index's version) without an index: :attr:`missing`'s."""
+        return [fragment for i in self.missing if (fragment := dataset.get_fragment(i)) is not None]
+
     def search(self, hashes: np.ndarray) -> HashSearch:
         """A search for ``hashes`` in this version's fragments (sorted once, then asked per group of fragments)."""
         return HashSearch(self._fragments, hashes)

@@ -265,8 +265,8 @@ def _base_rows_of(
         found = index.rows(dataset, keys, primary_key, [*primary_key, ROW_ADDRESS])
         if not index.missing:
             return found
-        unindexed = [dataset.get_fragment(fragment_id) for fragment_id in index.missing]
-        return pa.concat_tables([found, _base_rows_of(dataset, keys, primary_key, unindexed).cast(found.schema)])
+        rest = _base_rows_of(dataset, keys, primary_key, index.unindexed(dataset))
+        return pa.concat_tables([found, rest.cast(found.schema)])
     rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
     indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
     where = keys_filter(keys, primary_key, key_spread(dataset, primary_key)) if indexed else None

@@ -659,8 +659,8 @@ def _base_rows(
     found = index.rows(dataset, keys, key, projection)
     if not index.missing:
         return found
-    unindexed = [dataset.get_fragment(fragment_id) for fragment_id in index.missing]
-    return pa.concat_tables([found, _queried_rows(dataset, keys, key, projection, unindexed).cast(found.schema)])
+    rest = _queried_rows(dataset, keys, key, projection, index.unindexed(dataset))
+    return pa.concat_tables([found, rest.cast(found.schema)])
 
 
 def _queried_rows(
