@@ -54,7 +54,7 @@ from .generations import generation_rows, newest_per_key, open_generation, read_
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, laid_over, rows_of_keys
 from .key_spread import key_spread
 from .level_readers import level_readers
-from .pending_run import PendingRun, PendingRuns
+from .pending_run import PendingRun, PendingRuns, followed
 from .pk_bloom import GenerationFilters
 from .stored_hash_rows import StoredHashRows
 
@@ -475,12 +475,17 @@ def _with_columns(run: PendingRun | None, columns: list[str]) -> PendingRun | No
 
 
 def _held_in_base(snapshot: ReadSnapshot, runs: list[PendingRun]) -> list[PendingRun]:
-    """``runs`` as the pinned base sees them; those a rewrite moved rows of are forgotten by the cache (rebuilt
-    by the next build of runs, which looks up only the keys whose row moved)."""
+    """``runs`` as the pinned base sees them: the rows a recorded rewrite (a tidy-up) moved followed to their
+    new address, a read of the row addresses of the fragments they left rather than a join of their keys.
+
+    The cached run keeps what it was followed into for the next read of the
+    same base; one with rows that could not be followed is forgotten by the
+    cache instead (rebuilt by the next build of runs, which looks up only
+    the keys whose row moved)."""
     present = fragment_ids(snapshot.dataset) if runs else set()
-    held = [run.held_in(present) for run in runs]
+    held = [followed(run, snapshot.storage, snapshot.dataset, present) for run in runs]
     for run, seen in zip(runs, held, strict=True):
-        if seen is not run and snapshot.runs is not None:
+        if seen.base_rows.null_count > run.base_rows.null_count and snapshot.runs is not None:
             snapshot.runs.forget(run)
     return held
 

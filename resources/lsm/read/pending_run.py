@@ -113,6 +113,8 @@ class PendingRun:
     (runs of older versions). Ascending in a run built here."""
     _key_index: KeyIndex | None = field(default=None, init=False, repr=False)
     _index_build: Future[None] | None = field(default=None, init=False, repr=False)
+    _followed: tuple[frozenset[int], PendingRun] | None = field(default=None, init=False, repr=False)
+    """The run as the last base it was followed into (its fragment ids) holds it (:func:`followed`)."""
 
     @cached_property
     def superseded(self) -> DeletionVector:
@@ -135,8 +137,13 @@ class PendingRun:
         in_base = addresses != NOT_IN_BASE
         present = np.fromiter(fragments, dtype=np.uint64, count=len(fragments))
         moved = in_base & ~np.isin(addresses >> np.uint64(32), present)
-        base_rows = pc.if_else(pa.array(moved), pa.scalar(None, pa.uint64()), self.base_rows)
-        return PendingRun(self.shard_id, self.generations, self.changes, base_rows)
+        return self.with_base_rows(pc.if_else(pa.array(moved), pa.scalar(None, pa.uint64()), self.base_rows))
+
+    def with_base_rows(self, base_rows: pa.Array) -> PendingRun:
+        """This run's changes over other base rows (the key index, of the same changes, carried over)."""
+        run = PendingRun(self.shard_id, self.generations, self.changes, base_rows)
+        object.__setattr__(run, "_key_index", self._key_index)
+        return run
 
     @cached_property
     def _lookups_served(self) -> Iterator[int]:
@@ -236,7 +243,7 @@ def build_runs(
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()
-    holding = [_followed(run, storage, dataset, present) for run in (lenders or {}).values()]
+    holding = [followed(run, storage, dataset, present) for run in (lenders or {}).values()]
     known = _lent_base_rows(dataset, resolved.select(primary_key), known, holding, primary_key)
     base_rows = _fill_base_rows(storage, dataset, resolved.select(primary_key), known, primary_key)
     runs = []
@@ -271,13 +278,21 @@ def _earlier_rows(
     for index, run in enumerate(earlier):
         if run is None:
             continue
-        base_rows = _followed(run, storage, dataset, fragments).base_rows
+        base_rows = followed(run, storage, dataset, fragments).base_rows
         parts.append(_tagged(conform(run.changes, columns), index).append_column(BASE_ROW_ADDRESS, base_rows))
     return pa.concat_tables(parts)
 
 
-def _followed(run: PendingRun, storage: TableStorage, dataset: lance.LanceDataset, fragments: set[int]) -> PendingRun:
-    """``run`` as ``dataset`` (``fragments``: its ids) holds it: the rows a rewrite moved at their new address."""
+def followed(run: PendingRun, storage: TableStorage, dataset: lance.LanceDataset, fragments: set[int]) -> PendingRun:
+    """``run`` as ``dataset`` (``fragments``: its ids) holds it: the rows a rewrite moved at their new address.
+
+    ``run`` itself when no row moved; null where a row cannot be followed
+    (:func:`~resources.lsm.read.rewrites.follow_moved_rows`): its key is then
+    looked up again. Kept with ``run`` for the last base asked (every read
+    of that base asks again, until a build stores the run it follows into).
+    """
+    if run._followed is not None and run._followed[0] == fragments:
+        return run._followed[1]
     held = run.held_in(fragments)
     if held is run:
         return run
@@ -285,10 +300,12 @@ def _followed(run: PendingRun, storage: TableStorage, dataset: lance.LanceDatase
         held.base_rows.is_null().to_numpy(zero_copy_only=False)
         & run.base_rows.is_valid().to_numpy(zero_copy_only=False)
     )
-    followed = follow_moved_rows(storage, dataset, fragments, run.base_rows.take(moved).to_numpy())
-    found = followed.is_valid().to_numpy(zero_copy_only=False)
-    base_rows = _placed(held.base_rows, moved[found], followed.fill_null(NOT_IN_BASE).to_numpy()[found])
-    return PendingRun(run.shard_id, run.generations, run.changes, base_rows)
+    moved_to = follow_moved_rows(storage, dataset, fragments, run.base_rows.take(moved).to_numpy())
+    found = moved_to.is_valid().to_numpy(zero_copy_only=False)
+    addresses = moved_to.fill_null(NOT_IN_BASE).to_numpy()[found]
+    result = run.with_base_rows(_placed(held.base_rows, moved[found], addresses))
+    object.__setattr__(run, "_followed", (frozenset(fragments), result))
+    return result
 
 
 def _lent_base_rows(

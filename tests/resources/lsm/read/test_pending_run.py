@@ -361,6 +361,23 @@ def test_after_a_tidy_up_rewrote_the_base_the_next_build_follows_the_rows_it_mov
     assert_runs_match_a_fresh_build(table)
 
 
+@pytest.mark.parametrize("version_read_kept", [True, False], ids=["followed", "version-read-cleaned-up"])
+def test_after_a_tidy_up_a_reader_follows_the_rows_it_moved_and_joins_only_the_keys_it_cannot(
+    tmp_path, version_read_kept
+):
+    table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
+    moved = sorted(key for key, _ in _base_rows_of_runs(table))
+    maintain_base(table.handle.storage, table.dataset(), REWRITE_EVERY_FRAGMENT)
+    if not version_read_kept:
+        table.dataset().cleanup_old_versions(older_than=timedelta(0))  # and its files: nothing to follow rows in
+    reader = LsmTable.open(table.uri)
+
+    for _ in range(2):  # the second read finds the run as the first left it
+        levels = resolve_levels(reader.handle.snapshot(fresh=True), ["id"])
+        assert sorted(levels.joined_keys["id"].to_pylist()) == ([] if version_read_kept else moved)
+    assert_reads_and_lookups(reader, batches)
+
+
 def test_generations_newer_than_the_stored_run_are_read_on_top_of_it(tmp_path):
     table, batches = merged_into_base_then_changed(str(tmp_path / "t.lance"))
     newest = list(generate_changes(ChangeStreamSpec(num_keys=2500, num_batches=1, batch_size=400, seed=9)))
