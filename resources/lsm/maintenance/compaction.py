@@ -332,11 +332,11 @@ def compact(
     after = _shard_states(table, shard_ids)
     shards = tuple(_shard_result(s, tallies[s], after[s], started) for s in shard_ids)
     merged = any(s.passes for s in shards)
-    tidy = maintain_base(table.storage, table.dataset(), maintenance) if merged and maintenance else None
-    if tidy is not None and tidy.files_compacted:
-        # The rewritten fragments' key indexes, read back now: reads and run builds search them, not Lance's query.
-        base = table.dataset()
-        write_missing_key_hashes(table.storage, base, list(table.primary_key), key_files(table.storage, base))
+    tidy = (
+        maintain_base(table.storage, table.dataset(), maintenance, table.primary_key)
+        if merged and maintenance
+        else None
+    )
     return CompactionResult(shards, tidy, time.monotonic() - started, rows_deleted)
 
 
@@ -622,14 +622,23 @@ def key_in_predicate(keys: pa.Table, schema: pa.Schema) -> str:
     return f"concat({', '.join(parts)}) IN ({', '.join(sql_literal(e) for e in encoded)})"
 
 
-def maintain_base(storage: TableStorage, dataset: lance.LanceDataset, policy: MaintenancePolicy) -> BaseMaintenance:
+def maintain_base(
+    storage: TableStorage,
+    dataset: lance.LanceDataset,
+    policy: MaintenancePolicy,
+    primary_key: Sequence[str] | None = None,
+) -> BaseMaintenance:
     """Compact small or deletion-heavy fragments, then bring indexes up to date.
 
     Both steps are ordinary Lance commits that leave the table's rows (and the
     compacted markers) unchanged; where the rewrite put the rows it moved
     is recorded for the next build of pending runs
-    (:mod:`~resources.lsm.read.rewrites`). ``compact_files`` drops the MemWAL index
-    catch-up record, so indexes are always optimized after it.
+    (:mod:`~resources.lsm.read.rewrites`), and with ``primary_key`` the
+    rewritten fragments' key files are read back at once, before the
+    indexes are brought up to date:
+    reads and run builds search them, not Lance's query (which scans the new
+    fragments until ``optimize_indices`` ends). ``compact_files`` drops the
+    MemWAL index catch-up record, so indexes are always optimized after it.
     """
     started = time.monotonic()
     try:
@@ -643,6 +652,8 @@ def maintain_base(storage: TableStorage, dataset: lance.LanceDataset, policy: Ma
                 materialize_deletions_threshold=policy.max_deleted_fraction,
                 max_rows_rewritten=policy.max_rows_rewritten_per_pass,
             )
+            if files is not None and primary_key is not None:
+                write_missing_key_hashes(storage, dataset, list(primary_key), key_files(storage, dataset))
         optimize = files is not None or _max_unindexed_rows(dataset) >= policy.min_unindexed_rows
         if optimize:
             _optimize_indices(dataset, policy)
