@@ -633,12 +633,12 @@ def maintain_base(
     Both steps are ordinary Lance commits that leave the table's rows (and the
     compacted markers) unchanged; where the rewrite put the rows it moved
     is recorded for the next build of pending runs
-    (:mod:`~resources.lsm.read.rewrites`), and with ``primary_key`` the
+    (:mod:`~resources.lsm.read.rewrites`). With ``primary_key`` the
     rewritten fragments' key files are read back at once, before the
-    indexes are brought up to date:
-    reads and run builds search them, not Lance's query (which scans the new
-    fragments until ``optimize_indices`` ends). ``compact_files`` drops the
-    MemWAL index catch-up record, so indexes are always optimized after it.
+    indexes are brought up to date: reads and run builds search them, not
+    Lance's query (which scans the new fragments until ``optimize_indices``
+    ends). ``compact_files`` drops the MemWAL index catch-up record, so
+    indexes are always optimized after it.
     """
     started = time.monotonic()
     try:
