@@ -192,9 +192,9 @@ class PendingRunKeeper:
     def _loop(self) -> None:
         wait = self._interval
         while not self._stopped.wait(wait):
-            started = time.monotonic()
+            before = self.stats.busy_seconds
             self.keep_up()
-            took = time.monotonic() - started
+            took = self.stats.busy_seconds - before  # the round's seconds, as keep_up counted them
             wait = max(self._interval, took * (1 - self._busy_share) / self._busy_share)
 
     def keep_up(self) -> None:

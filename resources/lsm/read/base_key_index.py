@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import cached_property, partial
 
@@ -148,11 +148,9 @@ class BaseKeyIndex:
             with _LOCK:
                 _BY_DATASET[dataset] = known
         index = known[0]
-        return index if index is not None and (partial or not index.missing) else None
-
-    def unindexed(self, dataset: lance.LanceDataset) -> list[lance.LanceFragment]:
-        """The fragments of ``dataset`` (this index's version) without an index: :attr:`missing`'s."""
-        return [fragment for i in self.missing if (fragment := dataset.get_fragment(i)) is not None]
+        if index is None or (index.missing and not (partial and index._fragments)):
+            return None  # a base with no fragment indexed is Lance's to query, as a whole
+        return index
 
     def search(self, hashes: np.ndarray) -> HashSearch:
         """A search for ``hashes`` in this version's fragments (sorted once, then asked per group of fragments)."""
@@ -184,11 +182,26 @@ class BaseKeyIndex:
         """
         return keys * _ROWS_SCANNED_PER_ROW_TAKEN < self._rows and self.searched_faster_than_scanned(keys)
 
-    def rows(self, dataset: lance.LanceDataset, keys: pa.Table, key: list[str], columns: list[str] | None) -> pa.Table:
-        """The live base rows of ``keys`` in ``dataset`` (``columns``, default all, must hold the key)."""
+    def rows(
+        self,
+        dataset: lance.LanceDataset,
+        keys: pa.Table,
+        key: list[str],
+        columns: list[str] | None,
+        search_unindexed: Callable[[list[lance.LanceFragment]], pa.Table],
+    ) -> pa.Table:
+        """The live base rows of ``keys`` in ``dataset`` (``columns``, default all, must hold the key).
+
+        The fragments without an index (:attr:`missing`) are searched by
+        ``search_unindexed``, which must return the same columns.
+        """
         addresses, _ = self.search(_hashes(keys, key)).pairs()
         taken = dataset._take_rows(pa.array(addresses), columns=columns)
-        return taken.filter(key_mask(taken, keys, key)) if taken.num_rows else taken
+        found = taken.filter(key_mask(taken, keys, key)) if taken.num_rows else taken
+        if not self.missing:
+            return found
+        unindexed = [fragment for i in self.missing if (fragment := dataset.get_fragment(i)) is not None]
+        return pa.concat_tables([found, search_unindexed(unindexed).cast(found.schema)])
 
 
 class HashSearch:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import Future
-from functools import cached_property
+from functools import cached_property, partial
 
 import lance
 import numpy as np
@@ -262,11 +262,8 @@ def _base_rows_of(
     the others are searched as ``fragments`` are.
     """
     if index is not None and fragments is None and index.taken_faster_than_scanned(keys.num_rows):
-        found = index.rows(dataset, keys, primary_key, [*primary_key, ROW_ADDRESS])
-        if not index.missing:
-            return found
-        rest = _base_rows_of(dataset, keys, primary_key, index.unindexed(dataset))
-        return pa.concat_tables([found, rest.cast(found.schema)])
+        columns = [*primary_key, ROW_ADDRESS]
+        return index.rows(dataset, keys, primary_key, columns, partial(_base_rows_of, dataset, keys, primary_key))
     rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
     indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
     where = keys_filter(keys, primary_key, key_spread(dataset, primary_key)) if indexed else None

@@ -661,11 +661,7 @@ def _base_rows(
     index = BaseKeyIndex.of(storage, dataset, partial=True)
     if index is None:
         return _queried_rows(dataset, keys, key, projection)
-    found = index.rows(dataset, keys, key, projection)
-    if not index.missing:
-        return found
-    rest = _queried_rows(dataset, keys, key, projection, index.unindexed(dataset))
-    return pa.concat_tables([found, rest.cast(found.schema)])
+    return index.rows(dataset, keys, key, projection, partial(_queried_rows, dataset, keys, key, projection))
 
 
 def _queried_rows(

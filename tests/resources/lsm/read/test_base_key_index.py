@@ -216,6 +216,14 @@ def test_a_base_with_a_fragment_lacking_its_index_searches_the_others_and_querie
     assert LsmTable.open(table.uri).count() == 2000 - 3
 
 
+def test_a_base_with_no_fragment_indexed_has_no_partial_index_either(table):
+    dataset = lance.dataset(table.uri)
+    for fragment in dataset.get_fragments():
+        table.handle.storage.delete_file(key_hash_file(fragment, KEY_INDEX_DIR))
+    assert BaseKeyIndex.of(table.handle.storage, dataset, partial=True) is None  # Lance's query, as a whole
+    assert LsmTable.open(table.uri).lookup(["k01001", "k00003"])["id"].to_pylist() == ["k01001", "k00003"]
+
+
 def test_a_damaged_index_is_reported_and_lances_query_used(table, caplog):
     damaged = key_hash_file(lance.dataset(table.uri).get_fragment(1), KEY_INDEX_DIR)
     table.handle.storage.write_bytes_atomic(damaged, b"\0" * 12)  # 1 row of 500
