@@ -112,8 +112,8 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, Any]:
     beside a writer, a rewrite of the base loads the machine for minutes,
     and the sides' medians taken apart may come from pairs of which only
     one ran under it). Lookups are ``probes`` fresh point lookups against
-    Lance's indexed point query on the base, in alternating pairs, each
-    probe a key of its own.
+    Lance's indexed point query on the latest base, in alternating pairs,
+    each probe a key of its own.
     """
     table = LsmTable.open(uri)
     base = lance.dataset(uri)
@@ -125,9 +125,10 @@ def reads(uri: str, kind: str, repeat: int, probes: int) -> dict[str, Any]:
         lambda: drain(LsmTable.open(uri).scanner()), lambda: drain(lance.dataset(uri).to_batches()), repeat
     )
     counts = timed_pairs(table.count, base.count_rows, repeat)
-    ids = np.random.default_rng(len(uri)).choice(base.count_rows(), 2 * probes + 2, replace=False).tolist()
+    latest = base.checkout_version(base.latest_version)  # the scans took minutes beside a writer
+    ids = np.random.default_rng(len(uri)).choice(latest.count_rows(), 2 * probes + 2, replace=False).tolist()
     ours, theirs = p50_side_by_side(
-        lambda probe: table.lookup([probe[0]]), lambda probe: base.to_table(filter=probe[1]), key_probes(kind, ids)
+        lambda probe: table.lookup([probe[0]]), lambda probe: latest.to_table(filter=probe[1]), key_probes(kind, ids)
     )
     merged, plain = side_medians(scans)
     new_reader, new_plain = side_medians(new_readers)
