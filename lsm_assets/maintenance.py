@@ -48,14 +48,17 @@ class FlushConfig(ShardsConfig):
 
 class MergeConfig(ShardsConfig):
     max_rows_per_pass: int = Field(
-        default=DEFAULT_MAX_ROWS_PER_PASS, description="Rows read from generations per merge commit."
+        default=DEFAULT_MAX_ROWS_PER_PASS, ge=1, description="Rows read from generations per merge commit."
     )
     max_deleted_fraction: float = Field(
         default=DEFAULT_MAX_DELETED_FRACTION,
+        gt=0.0,
+        lt=1.0,
         description="After merging, rewrite the base's fragments once more than this fraction of its rows are deleted.",
     )
     max_rows_rewritten_per_pass: int = Field(
         default=DEFAULT_MAX_ROWS_REWRITTEN_PER_PASS,
+        ge=1,
         description="Physical rows one tidy-up rewrites at most (one group at least); the next merge goes on.",
     )
 

@@ -215,6 +215,22 @@ def test_an_unknown_shard_fails_the_run_with_the_table_shard_count(make_table):
     assert "buckets [7] do not exist" in str(result.failure_data_for_node("merged_base").error)
 
 
+@pytest.mark.parametrize(
+    "setting, value",
+    [("max_rows_per_pass", 0), ("max_deleted_fraction", 1.0), ("max_rows_rewritten_per_pass", 0)],
+)
+def test_a_merge_config_out_of_range_fails_the_step_naming_the_setting_before_any_merge(make_table, setting, value):
+    table, _ = _table_with_history(make_table)
+    pending = [shard.pending_generations for shard in table.shards()]
+    resources = {"lsm_table": LsmTableResource(uri=table.uri), "gx": GreatExpectationsResource()}
+    result = resolved_job(merge_job, resources).execute_in_process(
+        run_config={"ops": {"merged_base": {"config": {setting: value}}}}, raise_on_error=False
+    )
+    assert not result.success
+    assert setting in str(result.failure_data_for_node("merged_base").error)
+    assert [shard.pending_generations for shard in table.shards()] == pending
+
+
 _MERGE_IN_A_FRESH_PROCESS = """
 import sys
 from jobs import merge_job
