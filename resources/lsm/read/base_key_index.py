@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -42,10 +41,6 @@ from .key_hashes import NUMPY_HASHED_KEYS, key_hashes
 from .key_sets import FewKeys, key_mask, spans
 
 log = logging.getLogger(__name__)
-
-_RECHECK_SECONDS = 5.0
-"""How long a base version found without a complete index is searched without it (in part) before looking again
-(the index of a table that had none is written by the next build of pending runs, without a new version)."""
 
 _ROWS_SCANNED_PER_ROW_TAKEN = 256
 """Base rows whose key columns a scan reads and joins in the time a take by address spends on one row.
@@ -125,11 +120,21 @@ _MAPPED: LruCache[str, _FragmentIndex | None] = LruCache(4096)
 class BaseKeyIndex:
     """The key indexes of one base version's fragments."""
 
-    def __init__(self, fragments: list[_FragmentIndex], missing: tuple[int, ...] = ()) -> None:
+    def __init__(self, fragments: list[_FragmentIndex], missing: dict[int, str] | None = None) -> None:
         self._fragments = fragments
         self._rows = sum(len(fragment.hashes) for fragment in fragments)
-        self.missing = missing
+        self._missing_files = missing or {}
+        self.missing = tuple(self._missing_files)
         """Ids of the version's fragments without an index (searches skip them)."""
+
+    def _missing_file_written(self) -> bool:
+        """Whether the index of a fragment this one lacks has been written since (a stat per such fragment).
+
+        A merge stores its new fragments' files just after its commit, a
+        tidy-up once it read their keys back: readers of the new version
+        take the files up as soon as they exist, without a new version.
+        """
+        return any(os.path.exists(path) for path in self._missing_files.values())
 
     @classmethod
     def of(cls, storage: TableStorage, dataset: lance.LanceDataset, *, partial: bool = False) -> BaseKeyIndex | None:
@@ -141,13 +146,11 @@ class BaseKeyIndex:
         if not storage.is_local or dataset.has_stable_row_ids:
             return None
         with _LOCK:
-            known = _BY_DATASET.get(dataset)
-        complete = known is not None and known[0] is not None and not known[0].missing
-        if known is None or (not complete and time.monotonic() >= known[1]):
-            known = (_opened(storage, dataset), time.monotonic() + _RECHECK_SECONDS)
+            seen, index = dataset in _BY_DATASET, _BY_DATASET.get(dataset)
+        if not seen or (index is not None and index._missing_file_written()):
+            index = _opened(storage, dataset)
             with _LOCK:
-                _BY_DATASET[dataset] = known
-        index = known[0]
+                _BY_DATASET[dataset] = index
         if index is None or (index.missing and not (partial and index._fragments)):
             return None  # a base with no fragment indexed is Lance's to query, as a whole
         return index
@@ -258,28 +261,26 @@ def _hashes(keys: pa.Table, key: list[str]) -> np.ndarray:
 
 
 _LOCK = threading.Lock()
-_BY_DATASET: weakref.WeakKeyDictionary[lance.LanceDataset, tuple[BaseKeyIndex | None, float]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Each dataset object's index (or ``None``, and when to look again): listing its fragments costs ~1 ms."""
+_BY_DATASET: weakref.WeakKeyDictionary[lance.LanceDataset, BaseKeyIndex | None] = weakref.WeakKeyDictionary()
+"""Each dataset object's index (``None``: a file is damaged): listing its fragments costs ~1 ms."""
 
 
 def _opened(storage: TableStorage, dataset: lance.LanceDataset) -> BaseKeyIndex | None:
     """``dataset``'s index, memory-mapped (naming the fragments without a file), or ``None`` if a file is damaged."""
     stored = stored_key_hash_files(storage, KEY_INDEX_DIR)
-    fragments, missing = [], []
+    fragments, missing = [], {}
     for fragment in dataset.get_fragments():
         path = key_hash_file(fragment, KEY_INDEX_DIR)
-        if path not in stored:
-            missing.append(fragment.fragment_id)
-            continue
         local = storage.path(path)
+        if path not in stored:
+            missing[fragment.fragment_id] = local
+            continue
         index = _MAPPED.get(local, partial(_mapped, local, fragment.fragment_id))
         if index is None or len(index.hashes) != fragment.physical_rows:
             log.warning("%s does not index its fragment's rows; lookups take Lance's query", path)
             return None
         fragments.append(index)
-    return BaseKeyIndex(fragments, tuple(missing))
+    return BaseKeyIndex(fragments, missing)
 
 
 def _mapped(path: str, fragment_id: int) -> _FragmentIndex | None:
