@@ -82,7 +82,12 @@ def running(process: subprocess.Popen, sig: int = signal.SIGTERM) -> Iterator[su
 
 
 def wait_for(check: Callable[[], Any], what: str, processes: Sequence[subprocess.Popen], timeout: float = 180) -> Any:
-    """Poll ``check()`` until it returns something truthy; fail early if one of ``processes`` exits."""
+    """Poll ``check()`` until it returns something truthy; fail early if one of ``processes`` exits.
+
+    A check that cannot connect yet (``OSError``) or reads an answer it cannot
+    decode (``ValueError``: a Spark master starting up served its HTML page at
+    ``/json/``) counts as not ready.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for process in processes:
@@ -90,7 +95,7 @@ def wait_for(check: Callable[[], Any], what: str, processes: Sequence[subprocess
                 raise RuntimeError(f"{what}: {process.args[0]} exited with {process.returncode}")
         try:
             result = check()
-        except OSError:
+        except (OSError, ValueError):
             result = None
         if result:
             return result
