@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ from .key_hashes import NUMPY_HASHED_KEYS, key_hashes
 from .key_sets import FewKeys, key_mask, spans
 
 log = logging.getLogger(__name__)
+
+_MISSING_FILES_RECHECK_SECONDS = 0.05
+"""How often a version's fragments without an index are looked for again (a stat each): a merge writes its new
+fragments' files just after its commit, and a lookup per call would stat every such fragment of the base."""
 
 _ROWS_SCANNED_PER_ROW_TAKEN = 256
 """Base rows whose key columns a scan reads and joins in the time a take by address spends on one row.
@@ -124,16 +129,22 @@ class BaseKeyIndex:
         self._fragments = fragments
         self._rows = sum(len(fragment.hashes) for fragment in fragments)
         self._missing_files = missing or {}
+        self._missing_looked_for = time.monotonic()
         self.missing = tuple(self._missing_files)
         """Ids of the version's fragments without an index (searches skip them)."""
 
     def _missing_file_written(self) -> bool:
-        """Whether the index of a fragment this one lacks has been written since (a stat per such fragment).
+        """Whether the index of a fragment this one lacks has been written since (a stat per such fragment,
+        at most every ``_MISSING_FILES_RECHECK_SECONDS``).
 
         A merge stores its new fragments' files just after its commit, a
         tidy-up once it read their keys back: readers of the new version
-        take the files up as soon as they exist, without a new version.
+        take the files up within that delay, without a new version.
         """
+        now = time.monotonic()
+        if not self._missing_files or now - self._missing_looked_for < _MISSING_FILES_RECHECK_SECONDS:
+            return False
+        self._missing_looked_for = now
         return any(os.path.exists(path) for path in self._missing_files.values())
 
     @classmethod

@@ -237,13 +237,18 @@ def test_an_unindexed_base_takes_up_its_index_once_written_and_is_not_listed_aga
     """A base version first met without a complete index: its index is written later, without a new version."""
     dataset = lance.dataset(table.uri)
     table.handle.storage.delete_file(key_hash_file(dataset.get_fragment(0), KEY_INDEX_DIR))
+    now = [1000.0]
+    monkeypatch.setattr(base_key_index.time, "monotonic", lambda: now[0])
     opened = []
     open_index = base_key_index._opened
     monkeypatch.setattr(base_key_index, "_opened", lambda *args: opened.append(1) or open_index(*args))
     assert BaseKeyIndex.of(table.handle.storage, dataset) is None
+    now[0] += base_key_index._MISSING_FILES_RECHECK_SECONDS
     assert BaseKeyIndex.of(table.handle.storage, dataset, partial=True).missing == (0,)
     assert len(opened) == 1  # the files it lacks are looked for, not the table's whole list again
     write_missing_key_hashes(table.handle.storage, dataset, ["id"], (KEY_INDEX_DIR,))
+    assert BaseKeyIndex.of(table.handle.storage, dataset) is None and len(opened) == 1  # looked for a moment ago
+    now[0] += base_key_index._MISSING_FILES_RECHECK_SECONDS
     complete = BaseKeyIndex.of(table.handle.storage, dataset)
     assert complete is not None and not complete.missing and len(opened) == 2
     assert BaseKeyIndex.of(table.handle.storage, dataset) is complete and len(opened) == 2
