@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -129,14 +127,6 @@ DEFAULT_KEEPER_BUSY_SHARE = 0.25
 (64Mi-row base, 4 shards), rounds take 7-10 s and back to back cost the writer a fifth of its rows a second;
 fewer, longer rounds also rewrite each shard's run fewer times for the same generations."""
 
-DEFAULT_KEEPER_NICENESS = 10
-"""How much lower than its process's the keeper thread's CPU priority is (Linux niceness is per thread).
-
-A writer going flat out on 2 cores (64Mi-row string base, 200 puts of 50k rows, 3 runs a side, alternating) wrote
-0.69x / 0.78x the rows/s it wrote without a keeper with one at its own priority, 0.79x / 0.88x with one at
-niceness 10 / 19 (701k-734k / 697k-719k rows/s). Lance's threads, which read and take for both, keep the
-process's priority."""
-
 log = logging.getLogger(__name__)
 
 
@@ -164,9 +154,7 @@ class PendingRunKeeper:
     build after it is flushed while rounds are short; a round that took long
     (a writer cutting generations faster than they are built, cores taken by
     a merge) is followed by a longer wait, so that building takes at most
-    ``busy_share`` of the time and the writers keep the rest; its thread
-    also runs ``niceness`` below the process's priority (Linux), so that a
-    writer short of cores gets them first. A round builds
+    ``busy_share`` of the time and the writers keep the rest. A round builds
     runs only: the key files of fragments a merge or rewrite added are the
     merge's to store (it does so as it commits), and reading back a
     rewritten base's keys here (64Mi rows: tens of seconds on busy cores)
@@ -182,12 +170,10 @@ class PendingRunKeeper:
         interval_seconds: float = DEFAULT_KEEPER_INTERVAL_SECONDS,
         report: Callable[[str], None] | None = None,
         busy_share: float = DEFAULT_KEEPER_BUSY_SHARE,
-        niceness: int = DEFAULT_KEEPER_NICENESS,
     ) -> None:
         if not 0 < busy_share <= 1:
             raise ValueError(f"busy_share must be in (0, 1], not {busy_share}")
         self._handle, self._interval, self._busy_share = handle, interval_seconds, busy_share
-        self._niceness = niceness
         self._report = report or log.warning
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lsm-run-keeper", daemon=True)
@@ -204,7 +190,6 @@ class PendingRunKeeper:
         self._thread.join()
 
     def _loop(self) -> None:
-        _lower_thread_priority(self._niceness)
         wait = self._interval
         while not self._stopped.wait(wait):
             before = self.stats.busy_seconds
@@ -245,15 +230,3 @@ class PendingRunKeeper:
         self._newest_covered.update(newest)
         times = [generation_flush_time_ns(self._handle.storage, shard, name) for shard, name in first.items()]
         return [t for t in times if t is not None]
-
-
-def _lower_thread_priority(niceness: int) -> None:
-    """Lower the calling thread's CPU priority by ``niceness`` (Linux, where each thread has its own; elsewhere
-    the call would change the whole process's, so nothing is done). Raising niceness needs no privilege."""
-    if niceness <= 0 or sys.platform != "linux":
-        return
-    thread = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + niceness))
-    except OSError as exc:  # a sandbox may refuse it: the keeper runs at the writers' priority
-        log.warning("could not lower the run keeper's priority: %s", exc)

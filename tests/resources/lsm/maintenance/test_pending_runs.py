@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -71,20 +68,6 @@ def test_a_keeper_spends_at_most_its_busy_share_of_the_time_building_runs(tmp_pa
     assert stats.rounds >= 2 and stats.runs_built >= 1 and stats.errors == 0
     # Each round is followed by a wait of 4 times its length; the last one may end as the keeper stops.
     assert stats.busy_seconds <= 0.2 * elapsed + stats.longest_round_seconds
-    table.close()
-
-
-@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own CPU priority is Linux's")
-def test_a_keepers_thread_runs_below_the_writers_priority_and_the_writers_thread_keeps_its_own(tmp_path):
-    table = _live_table(tmp_path)
-    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    with PendingRunKeeper(table.handle, interval_seconds=0.05, niceness=5) as keeper:
-        table.write(_batch(0, 1))
-        _wait_for(lambda: keeper.stats.rounds > 0)
-        keeper_thread = keeper._thread.native_id
-        assert keeper_thread is not None
-        assert os.getpriority(os.PRIO_PROCESS, keeper_thread) == min(19, before + 5)
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before  # the writing thread's
     table.close()
 
 
