@@ -51,8 +51,8 @@ from .deletion_vector import DeletionVector, RowsFoundAhead, SupersededRows, cou
 from .filter_text import keys_filter
 from .generation_keys import generation_key_index
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
-from .key_sets import anti_join_stream, joinable, key_join, key_mask, laid_over, rows_of_keys
-from .key_spread import key_spread
+from .key_sets import anti_join_stream, joinable, key_join, key_mask, laid_over, rows_of_keys, same_keys, spans
+from .key_spread import key_spread, unique_columns
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns, followed
 from .pk_bloom import GenerationFilters
@@ -184,7 +184,9 @@ class BaseRowFilter:
     deletion vector. The keys no vector covers (generations newer than their
     run, missing runs, rows a rewrite moved, the WAL tail) are tested on each
     batch through a bitmap when they are one integer column of bounded span
-    (one lookup per row). Any other keys are found ahead of the scan through
+    (one lookup per row), or hold one the base holds nearly unique (the rows
+    it finds have their other key columns compared: :class:`_KeyBitmap`).
+    Any other keys are found ahead of the scan through
     the base's key index and dropped by position (their keys compared) when
     they are few enough for the search to cost less than a join
     (:meth:`~resources.lsm.read.base_key_index.BaseKeyIndex.searched_faster_than_scanned`),
@@ -218,7 +220,7 @@ class BaseRowFilter:
         self._vector = DeletionVector.union([level.superseded for level in levels])
         self._schema = pa.schema([field for field in schema if field.name not in (ROW_ADDRESS, ROW_ID)])
         self._key = key
-        self._bitmap = _KeyBitmap.of(joined, key)
+        self._bitmap = _KeyBitmap.of(joined, key, unique_columns(dataset, key) if len(key) > 1 else ())
         by_key = self._bitmap is None and joined.num_rows > 0
         self._rows = self._found_ahead(storage, dataset, joined, key, fragments) if by_key else None
         self._joined = joined if by_key and self._rows is None else None
@@ -325,33 +327,47 @@ def _without_row_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 class _KeyBitmap:
-    """One integer key column's values as a bitmap over their range: a batch costs one array lookup per row.
+    """An integer key column's pending values as a bitmap over their range: a batch costs one array lookup per row.
 
-    Sequence ids, the usual integer keys, span a bounded range.
+    Sequence ids, the usual integer keys, span a bounded range. A composite
+    key is tested on such a column when the base holds it nearly unique (an
+    id beside a region, say: ``unique``); the few rows it finds have their
+    other key columns compared with those of the pending keys of the same
+    value, where a join would hash every base row's whole key.
     """
 
     _MAX_SPAN = 1 << 28
     """Widest value range given a bitmap (32 MiB of bits; 8 MiB for 64Mi dense ids)."""
 
     @classmethod
-    def of(cls, keys: pa.Table, key: list[str]) -> _KeyBitmap | None:
-        """The bitmap of ``keys``, if they are one integer column of bounded span (and not empty)."""
-        if len(key) != 1 or not keys.num_rows:
+    def of(cls, keys: pa.Table, key: list[str], unique: Sequence[str] = ()) -> _KeyBitmap | None:
+        """The bitmap of ``keys``, if their integer column (one of ``unique`` for a composite key) has no null and a
+        bounded span (and they are not empty)."""
+        candidates = key if len(key) == 1 else [c for c in unique if c in key]
+        column = next((c for c in candidates if pa.types.is_integer(keys.schema.field(c).type)), None)
+        if column is None or not keys.num_rows or keys.column(column).null_count:
             return None
-        values = keys.column(0)
-        if not pa.types.is_integer(values.type) or values.null_count:
-            return None
+        values = keys.column(column)
         low, high = pc.min(values).as_py(), pc.max(values).as_py()
-        return cls(key[0], _wide(values.to_numpy()), low, high) if high - low < cls._MAX_SPAN else None
+        if high - low >= cls._MAX_SPAN:
+            return None
+        others = keys.select([c for c in key if c != column]).combine_chunks() if len(key) > 1 else None
+        return cls(column, _wide(values.to_numpy()), low, high, others)
 
-    def __init__(self, column: str, values: np.ndarray, low: int, high: int) -> None:
+    def __init__(self, column: str, values: np.ndarray, low: int, high: int, others: pa.Table | None) -> None:
         present = np.zeros(high - low + 1, dtype=bool)
         present[values - low] = True
         self._column, self._low, self._span = column, low, len(present)
         self._bits = np.packbits(present, bitorder="little")
+        self._others = others
+        """The composite keys' other columns, in the order of ``values``; ``None`` for a one-column key."""
+        self._order = self._sorted = np.empty(0, dtype=np.int64)
+        if others is not None:  # the pending values sorted, to pair a row with the keys of its value
+            self._order = np.argsort(values, kind="stable")
+            self._sorted = values[self._order]
 
     def found(self, batch: pa.RecordBatch) -> np.ndarray:
-        """For each row of ``batch``, whether its key is in the bitmap (a null key never is)."""
+        """For each row of ``batch``, whether its key is one of the keys (a null key never is)."""
         column = batch.column(self._column)
         values = _wide((pc.fill_null(column, self._low) if column.null_count else column).to_numpy())
         # Unsigned, a value below the range wraps around far above it: one comparison bounds both sides.
@@ -363,6 +379,21 @@ class _KeyBitmap:
         bits = np.take(self._bits, at >> 3) >> (at & 7).astype(np.uint8)
         bits &= 1
         found: np.ndarray = bits.view(bool) & in_range
+        if self._others is None or not found.any():
+            return found
+        return self._whole_keys_found(batch, values, np.flatnonzero(found))
+
+    def _whole_keys_found(self, batch: pa.RecordBatch, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Of ``batch``'s ``rows``, whose integer column holds a pending value, those whose whole key is pending."""
+        assert self._others is not None
+        first = np.searchsorted(self._sorted, values[rows])
+        counts = np.searchsorted(self._sorted, values[rows], side="right") - first
+        # Each row paired with every pending key of its value (one, unless the column repeats across keys).
+        paired, pending = np.repeat(rows, counts), self._order[spans(first, counts)]
+        others = self._others.column_names
+        equal = same_keys(batch.select(others).take(pa.array(paired)), self._others.take(pa.array(pending)), others)
+        found = np.zeros(batch.num_rows, dtype=bool)
+        found[paired[equal]] = True
         return found
 
 

@@ -19,6 +19,7 @@ from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
+from resources.lsm.read.key_spread import unique_columns
 from resources.lsm.read.pending_run import PendingRun, read_run, store_run
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import drop_pending_runs, rows_by_key
@@ -144,6 +145,73 @@ def test_key_bitmap_on_unsigned_keys_finds_exactly_the_pending_keys():
 )
 def test_keys_a_bitmap_cannot_hold_get_none(keys):
     assert merged_read._KeyBitmap.of(keys, ["id"]) is None
+
+
+def test_a_composite_keys_bitmap_on_its_unique_integer_column_finds_exactly_the_pending_keys():
+    """Rows whose id is pending under another region are not the key's; an id pending under two regions finds both."""
+    pending = pa.table({"region": ["eu", "us", "eu", "ap"], "id": pa.array([5, 5, 9, 1000], pa.int64())})
+    bitmap = merged_read._KeyBitmap.of(pending, ["region", "id"], unique=["id"])
+    assert bitmap is not None
+    base = pa.record_batch(
+        {
+            "region": ["eu", "us", "ap", "eu", "us", "eu", "ap", None, "eu"],
+            "id": pa.array([5, 5, 5, 9, 9, None, 1000, 1000, 7], pa.int64()),
+        }
+    )
+    expected = [
+        (r, i) in set(zip(*pending.to_pydict().values(), strict=True))
+        for r, i in zip(*base.to_pydict().values(), strict=True)
+    ]
+    assert bitmap.found(base).tolist() == expected == [True, True, False, True, False, False, True, False, False]
+
+
+@pytest.mark.parametrize("unique", [[], ["region"]], ids=["no unique column", "a string one"])
+def test_a_composite_key_without_a_unique_integer_column_gets_no_bitmap(unique):
+    pending = pa.table({"region": ["eu", "us"], "id": pa.array([5, 6], pa.int64())})
+    assert merged_read._KeyBitmap.of(pending, ["region", "id"], unique=unique) is None
+
+
+def test_a_composite_keys_unique_columns_are_those_nearly_every_sampled_row_holds_its_own_value_of(tmp_path):
+    rows = 5000
+    table = pa.table({"tenant": pa.array(np.arange(rows) % 7, pa.int64()), "id": pa.array(np.arange(rows), pa.int64())})
+    table = table.append_column("name", pa.array([f"n{i}" for i in range(rows)]))
+    dataset = lance.write_dataset(
+        table.append_column("day", pa.array(np.arange(rows) % 30, pa.int64())), tmp_path / "b"
+    )
+    assert unique_columns(dataset, ["tenant", "id"]) == ["id"]
+    assert unique_columns(dataset, ["tenant", "name"]) == ["name"]
+    assert unique_columns(dataset, ["tenant", "day"]) == []
+
+
+def test_a_composite_key_dropped_through_its_unique_integer_columns_bitmap_reads_the_oracle(tmp_path, monkeypatch):
+    """Ids held under two regions: a pending key drops its own base row, never the other region's."""
+    schema = pa.schema([("region", pa.string()), ("id", pa.int64()), ("v", pa.int64())])
+    table = LsmTable.create(str(tmp_path / "t.lance"), schema, ["region", "id"], num_shards=2)
+    held = [("r0", i) for i in range(2000)] + [("r1", i) for i in range(50)]  # id distinct in 2000 of 2050 rows
+    table.write(pa.table({"region": [r for r, _ in held], "id": [i for _, i in held], "v": [0] * len(held)}))
+    table.close()
+    table.compact()
+    table.write(pa.table({"region": ["r1", "r2", "r0"], "id": [5, 9000, 40], "v": [1, 1, 1]}))
+    table.flush()  # a generation without a run
+    table.write(pa.table({"region": ["r0", "r1"], "id": [7, 45], "_op": ["delete", "delete"]}))  # the WAL tail
+    bitmaps = []
+    of = merged_read._KeyBitmap.of.__func__
+    monkeypatch.setattr(
+        merged_read._KeyBitmap, "of", classmethod(lambda cls, *a: bitmaps.append(of(cls, *a)) or bitmaps[-1])
+    )
+    expected = {key: 0 for key in held if key not in {("r0", 7), ("r1", 45)}} | {
+        ("r1", 5): 1,
+        ("r2", 9000): 1,
+        ("r0", 40): 1,
+    }
+
+    read = LsmTable.open(table.uri).read()
+
+    keys = zip(read["region"].to_pylist(), read["id"].to_pylist(), strict=True)
+    assert dict(zip(keys, read["v"].to_pylist(), strict=True)) == expected
+    assert read.num_rows == len(expected) and bitmaps and all(b is not None for b in bitmaps)
+    assert table.count() == len(expected)
+    table.close()
 
 
 def test_resolved_generations_larger_than_the_byte_budget_are_not_kept(tmp_path):
@@ -530,7 +598,7 @@ def test_rows_found_ahead_are_matched_to_the_live_rows_of_batches_with_deleted_r
         table.handle.storage, table.dataset(), ["id"], key_files(table.handle.storage, table.dataset())
     )
     # The pending keys' rows found through the key index ahead of the scan, not by the bitmap of integer keys.
-    monkeypatch.setattr(merged_read._KeyBitmap, "of", classmethod(lambda cls, keys, key: None))
+    monkeypatch.setattr(merged_read._KeyBitmap, "of", classmethod(lambda cls, keys, key, unique: None))
     monkeypatch.setattr(BaseKeyIndex, "searched_faster_than_scanned", lambda self, keys: True)
     assert rows_by_key(LsmTable.open(table.uri).read()) == oracle_view(batches + more)
 
