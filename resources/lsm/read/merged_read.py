@@ -220,7 +220,9 @@ class BaseRowFilter:
         self._vector = DeletionVector.union([level.superseded for level in levels])
         self._schema = pa.schema([field for field in schema if field.name not in (ROW_ADDRESS, ROW_ID)])
         self._key = key
-        self._bitmap = _KeyBitmap.of(joined, key, unique_columns(dataset, key) if len(key) > 1 else ())
+        # A composite key's unique columns cost a sample of the base once per process: only for keys to drop.
+        unique = unique_columns(dataset, key) if len(key) > 1 and joined.num_rows else ()
+        self._bitmap = _KeyBitmap.of(joined, key, unique)
         by_key = self._bitmap is None and joined.num_rows > 0
         self._rows = self._found_ahead(storage, dataset, joined, key, fragments) if by_key else None
         self._joined = joined if by_key and self._rows is None else None
