@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..format.schema import ROW_ADDRESS
 from .base_key_index import BaseKeyIndex
 from .filter_text import keys_filter
-from .key_sets import key_join, rows_of_keys, semi_join_stream
+from .key_sets import key_join, rows_of_keys, semi_join_stream, value_of_each_key
 from .key_spread import key_spread
 from .level_readers import level_readers
 
@@ -137,7 +137,16 @@ def base_row_addresses(
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
+    if _scanned_for(dataset, keys.num_rows, index):
+        scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
+        return value_of_each_key(scan, keys.select(primary_key), ROW_ADDRESS)
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key, index=index), primary_key, ROW_ADDRESS)
+
+
+def _scanned_for(dataset: lance.LanceDataset, keys: int, index: BaseKeyIndex | None) -> bool:
+    """Whether :func:`_base_rows_of` finds ``keys`` keys in all of ``dataset`` by a scan of its key columns."""
+    searched = index is not None and index.taken_faster_than_scanned(keys)
+    return not searched and keys * _SCAN_ROWS_PER_INDEXED_KEY >= dataset.count_rows()
 
 
 class RowsFoundAhead:

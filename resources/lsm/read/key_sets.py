@@ -80,6 +80,8 @@ def rows_of_keys(keys: pa.Table, found: pa.Table, key: list[str]) -> pa.Array:
     ``found`` holds each key at most once. Acero builds its hash table on the
     right side, which is ``keys`` (the small side in every caller).
     """
+    if not (keys.num_rows and found.num_rows):
+        return pa.nulls(keys.num_rows, pa.int64())
     numbered = keys.select(key).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
     located = found.select(key).append_column(_FOUND, pa.array(np.arange(found.num_rows, dtype=np.int64)))
     joined = located.join(numbered, keys=key, join_type="inner", use_threads=False)
@@ -218,6 +220,27 @@ def anti_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[
 def semi_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[pa.RecordBatch]:
     """The rows of ``batches`` whose key is in ``keys``, streamed (as :func:`anti_join_stream`)."""
     return _join_stream(batches, keys, "left semi")
+
+
+def value_of_each_key(batches: pa.RecordBatchReader, keys: pa.Table, column: str) -> pa.Array:
+    """For each row of ``keys``, ``column`` of the row of ``batches`` holding its key (null where none does).
+
+    One streaming Acero join built on ``keys``, numbered: memory holds the
+    keys and what they find, never ``batches``, and no second join pairs
+    the rows found with the keys. Each key is held by at most one row of
+    ``batches``, which must be :func:`joinable` on the key columns.
+    """
+    key = keys.column_names
+    numbered = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
+    build = acero.Declaration("table_source", acero.TableSourceNodeOptions(numbered))
+    options = acero.HashJoinNodeOptions(
+        "inner", left_keys=key, right_keys=key, left_output=[column], right_output=[_ROW]
+    )
+    found = acero.Declaration("hashjoin", options, inputs=[source, build]).to_table()
+    found_at = np.full(keys.num_rows, -1, dtype=np.int64)
+    found_at[found.column(_ROW).to_numpy()] = np.arange(found.num_rows)
+    return found.column(column).take(pa.array(found_at, mask=found_at < 0)).combine_chunks()
 
 
 def _join_stream(batches: pa.RecordBatchReader, keys: pa.Table, join_type: str) -> Iterator[pa.RecordBatch]:

@@ -60,7 +60,7 @@ from ..lru_cache import LruCache
 from .base_key_index import BaseKeyIndex
 from .deletion_vector import DeletionVector, addresses_by_key, base_row_addresses, fragment_ids
 from .generations import newest_per_key, read_generations
-from .key_sets import KeyIndex, key_mask
+from .key_sets import KeyIndex, rows_of_keys
 from .level_readers import build_in_background, level_readers
 from .rewrites import follow_moved_rows
 
@@ -237,9 +237,11 @@ def build_runs(
     tagged = [_tagged(rows, index) for (index, _), rows in zip(todo, read, strict=True)]
     newer = newest_per_key(tagged, columns.append(pa.field(_SHARD, pa.int32())), primary_key)
     older = _earlier_rows(earlier, storage, dataset, present, columns)
-    rewritten = key_mask(older, newer, primary_key)
     # A re-written key keeps the base row its earlier run found; only the others are looked up.
-    carried = addresses_by_key(newer, older.filter(pa.array(rewritten)), primary_key, BASE_ROW_ADDRESS)
+    earlier_row = rows_of_keys(newer, older, primary_key)
+    carried = older.column(BASE_ROW_ADDRESS).take(earlier_row).combine_chunks()
+    rewritten = np.zeros(older.num_rows, dtype=bool)
+    rewritten[earlier_row.drop_null().to_numpy()] = True
     older = older.filter(pa.array(~rewritten))
     known = pa.concat_arrays([older.column(BASE_ROW_ADDRESS).combine_chunks(), carried])
     resolved = pa.concat_tables([older.drop_columns([BASE_ROW_ADDRESS]), newer]).combine_chunks()

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from resources.lsm.read import key_hashes, key_sets
-from resources.lsm.read.key_sets import FewKeys, KeyIndex, key_join, key_mask, laid_over, spans
+from resources.lsm.read.key_sets import FewKeys, KeyIndex, key_join, key_mask, laid_over, spans, value_of_each_key
 
 rng = np.random.default_rng(12)
 NUMBERS = rng.choice(10_000, 600, replace=False)
@@ -74,6 +74,20 @@ def test_membership_by_key_holds_exactly_the_rows_of_the_keys_asked(kind, asked)
     assert key_mask(left, right, key).tolist() == expected
     assert key_join(left, right, key, "left semi").num_rows == asked
     assert key_join(left, right, key, "left anti").num_rows == left.num_rows - asked
+
+
+@pytest.mark.parametrize("kind", sorted(TABLES))
+def test_the_value_of_each_key_comes_from_the_row_holding_it_streamed_in_batches(kind):
+    table, key = TABLES[kind]
+    held = table.slice(0, 500)
+    batches = pa.RecordBatchReader.from_batches(held.schema, held.to_batches(max_chunksize=64))
+    # Keys held and not (the last 100), in another order, and a null key, which no row holds.
+    asked = table.take(rng.permutation(600)).select(key)
+    asked = pa.concat_tables([asked, asked.slice(0, 1).set_column(0, asked.field(0), pa.nulls(1, asked.field(0).type))])
+    values = value_of_each_key(batches, asked, "v").to_pylist()
+    v_of = {tuple(r[c] for c in key): r["v"] for r in held.to_pylist()}
+    assert values == [v_of.get(tuple(r.values())) for r in asked.to_pylist()]
+    assert sum(v is not None for v in values) == 500
 
 
 @pytest.mark.parametrize("kind", sorted(TABLES))
