@@ -1,0 +1,143 @@
+"""What building pending runs beside the writers costs continuous ingestion, merges included.
+
+    .venv/bin/python benchmarks/keeper_cost.py --kinds string                 # 64Mi rows, 2 rounds of 150 s a side
+    .venv/bin/python benchmarks/keeper_cost.py --rows 1048576 --kinds int64 --seconds 20 --rounds 1   # smoke run
+
+``benchmarks/live_reads.py`` times a writer going flat out alone, with and
+without its ``PendingRunKeeper``: there the keeper's rounds are all cost.
+In a deployment they are not extra work: a merge takes a run without
+joining the base, and without runs it joins the base itself (or builds the
+runs of what was flushed meanwhile when it ends). This measures the system:
+per key kind, on a fresh clone of ``benchmarks/scale.py``'s base of
+``--rows`` rows (4 shards) per side, a writer process puts
+``--generation-rows`` random upserts of keys drawn anew as fast as it can
+for ``--seconds``, each put waiting first for merge capacity as a
+continuous ingestion run's micro-batches do, beside a merger process that
+merges the shards the merge sensor's default trigger picks every 5 s (join-free
+once runs exist, as beside a writer run). The sides, with the keeper and
+without, alternate over ``--rounds`` rounds (which goes first alternates too).
+
+Per side: rows/s written, seconds held by backpressure, merges and their
+joining passes, the runs' longest delay behind their generations (with the
+keeper), and CPU seconds of writer and merger together per million rows.
+Results: ``benchmarks/results/keeper_cost.{json,md}`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import resource
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.live_reads import merge_when_due, write_live
+from benchmarks.scale import add_base_arguments, clone, save_results, template
+from resources.lsm import MaintenancePolicy
+
+
+def children_cpu_seconds() -> float:
+    """User and system CPU of every child process waited for so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """One side: a writer going as fast as merges let it for ``args.seconds``, beside a merger."""
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    cpu_before = children_cpu_seconds()
+    writer = context.Process(
+        target=write_live, args=(uri, kind, args.rows, args.generation_rows, keep_runs, 1 << 30, stop, math.inf)
+    )
+    merger = context.Process(target=merge_when_due, args=(uri, stop, MaintenancePolicy()))
+    writer.start()
+    merger.start()
+    time.sleep(args.seconds)
+    stop.set()
+    writer.join()
+    merger.join()
+    if writer.exitcode or merger.exitcode:
+        raise RuntimeError(f"writer exited {writer.exitcode}, merger {merger.exitcode}: their tracebacks are above")
+    written = json.loads(Path(uri, f"writer-{int(keep_runs)}.json").read_text())
+    merges = json.loads(Path(uri, "merges.json").read_text())
+    rows = written["puts"] * args.generation_rows
+    return written | {
+        "rows": rows,
+        "cpu_s": children_cpu_seconds() - cpu_before,
+        "cpu_s_per_million_rows": (children_cpu_seconds() - cpu_before) / (rows / 1e6),
+        "merges": len(merges),
+        "joining_passes": sum(m["joining_passes"] for m in merges),
+        "merge_seconds": sum(m["seconds"] for m in merges),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [
+        "# Continuous ingestion with and without the pending-run keeper, merges included",
+        "",
+        f"`benchmarks/keeper_cost.py`, base of {results['rows']:,} rows, 4 shards; a writer puts "
+        f"{results['generation_rows']:,} random upserts as fast as merge capacity lets it for "
+        f"{results['seconds']:.0f} s beside a merger (the merge sensor's default trigger, every 5 s); sides alternate, "
+        "each on a fresh clone of the base.",
+        "",
+        "| key | round | keeper | rows/s | held by backpressure | merges (joining passes), merge s | run delay max "
+        "| CPU s per 1M rows (writer + merger) |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for kind, found in results["kinds"].items():
+        for side in found["sides"]:
+            delay = f"{side['max_run_delay_s']:.1f} s" if "max_run_delay_s" in side else ""
+            lines.append(
+                f"| {kind} | {side['round']} | {'with' if side['keep_runs'] else 'without'} | "
+                f"{side['rows_per_s']:,.0f} | {side['backpressure_s']:.0f} s | "
+                f"{side['merges']} ({side['joining_passes']}), {side['merge_seconds']:.0f} s | {delay} | "
+                f"{side['cpu_s_per_million_rows']:.2f} |"
+            )
+        if "throughput_ratio" in found:
+            lines.append(f"| {kind} | median | with / without | {found['throughput_ratio']:.2f}x | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_base_arguments(parser, "keeper_cost")
+    parser.add_argument("--seconds", type=float, default=150, help="seconds the writer writes per side")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both sides, alternating which goes first")
+    parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per put")
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "rows": args.rows,
+        "generation_rows": args.generation_rows,
+        "seconds": args.seconds,
+        "kinds": {},
+    }
+    scratch = args.data / "keeper-cost"
+    for kind in args.kinds:
+        base = template(args.data, kind, args.rows)
+        sides: list[dict[str, Any]] = []
+        found = results["kinds"][kind] = {"sides": sides}
+        for round_ in range(args.rounds):
+            for keep in (True, False) if round_ % 2 == 0 else (False, True):
+                uri = str(clone(base, scratch / f"{kind}.lance"))
+                side = ingest(uri, kind, keep, args)
+                sides.append(side | {"round": round_, "keep_runs": keep})
+                shutil.rmtree(uri, ignore_errors=True)
+                print(kind, round_, keep, json.dumps(side, default=lambda v: round(v, 3)), flush=True)
+                save_results(results, render(results), args.out)
+        rates = {keep: [s["rows_per_s"] for s in sides if s["keep_runs"] == keep] for keep in (True, False)}
+        found["throughput_ratio"] = statistics.median(rates[True]) / statistics.median(rates[False])
+        save_results(results, render(results), args.out)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
