@@ -22,7 +22,7 @@ from ..format.schema import ROW_ADDRESS
 from .base_key_index import BaseKeyIndex
 from .filter_text import keys_filter
 from .key_sets import key_join, rows_of_keys, semi_join_stream, value_of_each_key
-from .key_spread import key_spread
+from .key_spread import key_spread, unique_columns
 from .level_readers import level_readers
 
 _SCAN_ROWS_PER_INDEXED_KEY = 5000
@@ -139,8 +139,22 @@ def base_row_addresses(
         return pa.array([], pa.uint64())
     if _scanned_for(dataset, keys.num_rows, index):
         scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
-        return value_of_each_key(scan, keys.select(primary_key), ROW_ADDRESS)
+        return value_of_each_key(scan, keys.select(primary_key), ROW_ADDRESS, on=_join_columns(dataset, primary_key))
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key, index=index), primary_key, ROW_ADDRESS)
+
+
+def _join_columns(dataset: lance.LanceDataset, primary_key: list[str]) -> list[str]:
+    """The key columns a scan pairs base rows with keys on: a composite key's integer column the base holds nearly
+    unique, if it has one, else the whole key.
+
+    An integer hashes faster than a string beside it (64Mi rows keyed by a
+    region and an id, 2M keys: 4.6 s of CPU against 6.0 s for the scan and
+    join); the few rows it pairs with a key of another region are dropped.
+    """
+    if len(primary_key) < 2:
+        return primary_key
+    integers = [c for c in unique_columns(dataset, primary_key) if pa.types.is_integer(dataset.schema.field(c).type)]
+    return integers[:1] or primary_key
 
 
 def _scanned_for(dataset: lance.LanceDataset, keys: int, index: BaseKeyIndex | None) -> bool:

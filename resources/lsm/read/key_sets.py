@@ -222,24 +222,34 @@ def semi_join_stream(batches: pa.RecordBatchReader, keys: pa.Table) -> Iterator[
     return _join_stream(batches, keys, "left semi")
 
 
-def value_of_each_key(batches: pa.RecordBatchReader, keys: pa.Table, column: str) -> pa.Array:
+def value_of_each_key(
+    batches: pa.RecordBatchReader, keys: pa.Table, column: str, on: list[str] | None = None
+) -> pa.Array:
     """For each row of ``keys``, ``column`` of the row of ``batches`` holding its key (null where none does).
 
     One streaming Acero join built on ``keys``, numbered: memory holds the
     keys and what they find, never ``batches``, and no second join pairs
     the rows found with the keys. Each key is held by at most one row of
-    ``batches``, which must be :func:`joinable` on the key columns.
+    ``batches``, which must be :func:`joinable` on the key columns. ``on``,
+    some of the key columns, joins on those alone (an integer column
+    ``batches`` hold nearly unique hashes faster than the whole key): the
+    rows it pairs are kept where the other key columns are equal too.
     """
-    key = keys.column_names
-    numbered = keys.append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
+    on = on or keys.column_names
+    others = [name for name in keys.column_names if name not in on]
+    numbered = keys.select(on).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
     source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
     build = acero.Declaration("table_source", acero.TableSourceNodeOptions(numbered))
     options = acero.HashJoinNodeOptions(
-        "inner", left_keys=key, right_keys=key, left_output=[column], right_output=[_ROW]
+        "inner", left_keys=on, right_keys=on, left_output=[column, *others], right_output=[_ROW]
     )
     found = acero.Declaration("hashjoin", options, inputs=[source, build]).to_table()
+    rows = found.column(_ROW).to_numpy()
+    if others:
+        same = same_keys(found.select(others), keys.select(others).take(pa.array(rows)), others)
+        found, rows = found.filter(pa.array(same)), rows[same]
     found_at = np.full(keys.num_rows, -1, dtype=np.int64)
-    found_at[found.column(_ROW).to_numpy()] = np.arange(found.num_rows)
+    found_at[rows] = np.arange(found.num_rows)
     return found.column(column).take(pa.array(found_at, mask=found_at < 0)).combine_chunks()
 
 

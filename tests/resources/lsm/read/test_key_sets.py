@@ -90,6 +90,20 @@ def test_the_value_of_each_key_comes_from_the_row_holding_it_streamed_in_batches
     assert sum(v is not None for v in values) == 500
 
 
+def test_a_composite_key_joined_on_its_id_alone_keeps_only_rows_of_the_same_region():
+    table, key = TABLES["composite"]
+    # Rows 0-49 hold their ids again in region "zz": an id pairs a key with rows of two regions.
+    elsewhere = table.slice(0, 50).set_column(0, "region", pa.array(["zz"] * 50))
+    elsewhere = elsewhere.set_column(2, "v", pa.array(-np.arange(1, 51)))
+    held = pa.concat_tables([table.slice(0, 500), elsewhere])
+    batches = pa.RecordBatchReader.from_batches(held.schema, held.to_batches(max_chunksize=64))
+    asked = pa.concat_tables([table.take(rng.permutation(600)), elsewhere.slice(0, 20)]).select(key)
+    values = value_of_each_key(batches, asked, "v", on=["id"]).to_pylist()
+    v_of = {(r["region"], r["id"]): r["v"] for r in held.to_pylist()}
+    assert values == [v_of.get((r["region"], r["id"])) for r in asked.to_pylist()]
+    assert sum(v is not None for v in values) == 520
+
+
 @pytest.mark.parametrize("kind", sorted(TABLES))
 def test_a_level_laid_over_another_keeps_the_newest_row_of_every_key(kind):
     table, key = TABLES[kind]
