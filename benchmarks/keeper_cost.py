@@ -69,11 +69,11 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
         raise RuntimeError(f"writer exited {writer.exitcode}, merger {merger.exitcode}: their tracebacks are above")
     written = json.loads(Path(uri, f"writer-{int(keep_runs)}.json").read_text())
     merges = json.loads(Path(uri, "merges.json").read_text())
-    rows = written["puts"] * args.generation_rows
+    rows, cpu = written["puts"] * args.generation_rows, children_cpu_seconds() - cpu_before
     return written | {
         "rows": rows,
-        "cpu_s": children_cpu_seconds() - cpu_before,
-        "cpu_s_per_million_rows": (children_cpu_seconds() - cpu_before) / (rows / 1e6),
+        "cpu_s": cpu,
+        "cpu_s_per_million_rows": cpu / (rows / 1e6),
         "merges": len(merges),
         "joining_passes": sum(m["joining_passes"] for m in merges),
         "merge_seconds": sum(m["seconds"] for m in merges),

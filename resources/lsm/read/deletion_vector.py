@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from concurrent.futures import Future
 from functools import cached_property, partial
+from typing import Literal
 
 import lance
 import numpy as np
@@ -137,7 +138,7 @@ def base_row_addresses(
     """
     if not keys.num_rows:
         return pa.array([], pa.uint64())
-    if _scanned_for(dataset, keys.num_rows, index):
+    if _lookup(dataset, keys.num_rows, index) == "scan":
         scan = dataset.scanner(columns=primary_key, with_row_address=True).to_reader()
         return value_of_each_key(scan, keys.select(primary_key), ROW_ADDRESS, on=_join_columns(dataset, primary_key))
     return addresses_by_key(keys, _base_rows_of(dataset, keys, primary_key, index=index), primary_key, ROW_ADDRESS)
@@ -157,10 +158,18 @@ def _join_columns(dataset: lance.LanceDataset, primary_key: list[str]) -> list[s
     return integers[:1] or primary_key
 
 
-def _scanned_for(dataset: lance.LanceDataset, keys: int, index: BaseKeyIndex | None) -> bool:
-    """Whether :func:`_base_rows_of` finds ``keys`` keys in all of ``dataset`` by a scan of its key columns."""
-    searched = index is not None and index.taken_faster_than_scanned(keys)
-    return not searched and keys * _SCAN_ROWS_PER_INDEXED_KEY >= dataset.count_rows()
+def _lookup(
+    dataset: lance.LanceDataset,
+    keys: int,
+    index: BaseKeyIndex | None,
+    fragments: list[lance.LanceFragment] | None = None,
+) -> Literal["index", "query", "scan"]:
+    """How :func:`_base_rows_of` finds ``keys`` keys in ``fragments`` (default: all) of ``dataset``: through
+    ``index``, with a BTREE ``IN`` query, or by a scan of the key columns, whichever costs least for their number."""
+    if index is not None and fragments is None and index.taken_faster_than_scanned(keys):
+        return "index"
+    rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
+    return "query" if keys * _SCAN_ROWS_PER_INDEXED_KEY < rows else "scan"
 
 
 class RowsFoundAhead:
@@ -284,11 +293,12 @@ def _base_rows_of(
     a tidy-up just wrote lack theirs) serves for the fragments it holds;
     the others are searched as ``fragments`` are.
     """
-    if index is not None and fragments is None and index.taken_faster_than_scanned(keys.num_rows):
+    lookup = _lookup(dataset, keys.num_rows, index, fragments)
+    if lookup == "index":
+        assert index is not None
         columns = [*primary_key, ROW_ADDRESS]
         return index.rows(dataset, keys, primary_key, columns, partial(_base_rows_of, dataset, keys, primary_key))
-    rows = dataset.count_rows() if fragments is None else sum(f.physical_rows for f in fragments)
-    indexed = keys.num_rows * _SCAN_ROWS_PER_INDEXED_KEY < rows
+    indexed = lookup == "query"
     where = keys_filter(keys, primary_key, key_spread(dataset, primary_key)) if indexed else None
     scanner = dataset.scanner(columns=primary_key, with_row_address=True, filter=where, fragments=fragments)
     if indexed:

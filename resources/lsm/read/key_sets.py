@@ -238,12 +238,10 @@ def value_of_each_key(
     on = on or keys.column_names
     others = [name for name in keys.column_names if name not in on]
     numbered = keys.select(on).append_column(_ROW, pa.array(np.arange(keys.num_rows, dtype=np.int64)))
-    source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
-    build = acero.Declaration("table_source", acero.TableSourceNodeOptions(numbered))
     options = acero.HashJoinNodeOptions(
         "inner", left_keys=on, right_keys=on, left_output=[column, *others], right_output=[_ROW]
     )
-    found = acero.Declaration("hashjoin", options, inputs=[source, build]).to_table()
+    found = _hash_join(batches, numbered, options).to_table()
     rows = found.column(_ROW).to_numpy()
     if others:
         same = same_keys(found.select(others), keys.select(others).take(pa.array(rows)), others)
@@ -253,13 +251,16 @@ def value_of_each_key(
     return found.column(column).take(pa.array(found_at, mask=found_at < 0)).combine_chunks()
 
 
+def _hash_join(batches: pa.RecordBatchReader, build: pa.Table, options: acero.HashJoinNodeOptions) -> acero.Declaration:
+    """Acero's hash join of ``batches``, streamed through, with ``build``, which its hash table holds."""
+    source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
+    built = acero.Declaration("table_source", acero.TableSourceNodeOptions(build))
+    return acero.Declaration("hashjoin", options, inputs=[source, built])
+
+
 def _join_stream(batches: pa.RecordBatchReader, keys: pa.Table, join_type: str) -> Iterator[pa.RecordBatch]:
     key = keys.column_names
-    source = acero.Declaration("record_batch_reader_source", acero.RecordBatchReaderSourceNodeOptions(batches))
-    build = acero.Declaration("table_source", acero.TableSourceNodeOptions(keys))
-    join = acero.Declaration(
-        "hashjoin", acero.HashJoinNodeOptions(join_type, left_keys=key, right_keys=key), inputs=[source, build]
-    )
+    join = _hash_join(batches, keys, acero.HashJoinNodeOptions(join_type, left_keys=key, right_keys=key))
     schema = batches.schema
     with join.to_reader() as reader:
         for batch in reader:
