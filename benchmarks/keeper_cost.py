@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/keeper_cost.py --kinds string                 # 64Mi rows, 2 rounds of 150 s a side
     .venv/bin/python benchmarks/keeper_cost.py --rows 1048576 --kinds int64 --seconds 20 --rounds 1   # smoke run
 
-``benchmarks/live_reads.py`` times a writer going flat out alone, with and
-without its ``PendingRunKeeper``: there the keeper's rounds are all cost.
+With ``--alone`` the writer goes flat out with no merger beside it (no
+backpressure): there the keeper's rounds are all cost, and it waits for the
+writer's pauses for at most its patience (20 s) before sharing the cores.
 In a deployment they are not extra work: a merge takes a run without
 joining the base, and without runs it joins the base itself (or builds the
 runs of what was flushed meanwhile when it ends). This measures the system:
@@ -51,24 +52,30 @@ def children_cpu_seconds() -> float:
 
 
 def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """One side: a writer going as fast as merges let it for ``args.seconds``, beside a merger."""
+    """One side: a writer going as fast as merges let it for ``args.seconds``, beside a merger (``args.alone``:
+    flat out, no merger)."""
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
     cpu_before = children_cpu_seconds()
+    rate = None if args.alone else math.inf
     writer = context.Process(
-        target=write_live, args=(uri, kind, args.rows, args.generation_rows, keep_runs, 1 << 30, stop, math.inf)
+        target=write_live, args=(uri, kind, args.rows, args.generation_rows, keep_runs, 1 << 30, stop, rate)
     )
-    merger = context.Process(target=merge_when_due, args=(uri, stop, MaintenancePolicy()))
-    writer.start()
-    merger.start()
+    processes = (
+        [writer]
+        if args.alone
+        else [writer, context.Process(target=merge_when_due, args=(uri, stop, MaintenancePolicy()))]
+    )
+    for process in processes:
+        process.start()
     time.sleep(args.seconds)
     stop.set()
-    writer.join()
-    merger.join()
-    if writer.exitcode or merger.exitcode:
-        raise RuntimeError(f"writer exited {writer.exitcode}, merger {merger.exitcode}: their tracebacks are above")
+    for process in processes:
+        process.join()
+    if any(process.exitcode for process in processes):
+        raise RuntimeError(f"exit codes {[p.exitcode for p in processes]} (writer, merger): tracebacks are above")
     written = json.loads(Path(uri, f"writer-{int(keep_runs)}.json").read_text())
-    merges = json.loads(Path(uri, "merges.json").read_text())
+    merges = [] if args.alone else json.loads(Path(uri, "merges.json").read_text())
     rows, cpu = written["puts"] * args.generation_rows, children_cpu_seconds() - cpu_before
     return written | {
         "rows": rows,
@@ -81,29 +88,35 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
 
 
 def render(results: dict[str, Any]) -> str:
+    how = (
+        "as fast as it can with no merger beside it (no backpressure)"
+        if results.get("alone")
+        else "as fast as merge capacity lets it beside a merger (the merge sensor's default trigger, every 5 s)"
+    )
     lines = [
-        "# Continuous ingestion with and without the pending-run keeper, merges included",
+        "# Continuous ingestion with and without the pending-run keeper"
+        + ("" if results.get("alone") else ", merges included"),
         "",
         f"`benchmarks/keeper_cost.py`, base of {results['rows']:,} rows, 4 shards; a writer puts "
-        f"{results['generation_rows']:,} random upserts as fast as merge capacity lets it for "
-        f"{results['seconds']:.0f} s beside a merger (the merge sensor's default trigger, every 5 s); sides alternate, "
+        f"{results['generation_rows']:,} random upserts {how} for {results['seconds']:.0f} s; sides alternate, "
         "each on a fresh clone of the base.",
         "",
         "| key | round | keeper | rows/s | held by backpressure | merges (joining passes), merge s | run delay max "
-        "| CPU s per 1M rows (writer + merger) |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| keeper rounds (beside writes) | CPU s per 1M rows (writer + merger) |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for kind, found in results["kinds"].items():
         for side in found["sides"]:
             delay = f"{side['max_run_delay_s']:.1f} s" if "max_run_delay_s" in side else ""
+            rounds = f"{side['rounds']} ({side.get('rounds_beside_writes', '?')})" if "rounds" in side else ""
             lines.append(
                 f"| {kind} | {side['round']} | {'with' if side['keep_runs'] else 'without'} | "
                 f"{side['rows_per_s']:,.0f} | {side['backpressure_s']:.0f} s | "
-                f"{side['merges']} ({side['joining_passes']}), {side['merge_seconds']:.0f} s | {delay} | "
+                f"{side['merges']} ({side['joining_passes']}), {side['merge_seconds']:.0f} s | {delay} | {rounds} | "
                 f"{side['cpu_s_per_million_rows']:.2f} |"
             )
         if "throughput_ratio" in found:
-            lines.append(f"| {kind} | median | with / without | {found['throughput_ratio']:.2f}x | | | | |")
+            lines.append(f"| {kind} | median | with / without | {found['throughput_ratio']:.2f}x | | | | | |")
     return "\n".join(lines) + "\n"
 
 
@@ -113,11 +126,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=150, help="seconds the writer writes per side")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both sides, alternating which goes first")
     parser.add_argument("--generation-rows", type=int, default=50_000, help="upserts per put")
+    parser.add_argument(
+        "--alone", action="store_true", help="the writer goes flat out with no merger (the keeper's rounds all cost)"
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {
         "rows": args.rows,
         "generation_rows": args.generation_rows,
         "seconds": args.seconds,
+        "alone": args.alone,
         "kinds": {},
     }
     scratch = args.data / "keeper-cost"

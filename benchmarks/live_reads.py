@@ -229,7 +229,7 @@ def write_live(
     made_ahead = min(batches, 40) if rate is None else 0
     ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
     written, stalled = 0, 0.0
-    with PendingRunKeeper(table.handle) if keep_runs else nullcontext() as keeper:
+    with PendingRunKeeper(table.handle, writes=table.write_activity) if keep_runs else nullcontext() as keeper:
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
             if rate is not None and stop is not None:
@@ -249,6 +249,7 @@ def write_live(
             "rounds": stats.rounds,
             "seconds_per_round": stats.busy_seconds / max(1, stats.rounds),
             "longest_round_s": stats.longest_round_seconds,
+            "rounds_beside_writes": stats.rounds_beside_writes,
         }
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 

@@ -350,6 +350,7 @@ def pending_run_metadata(stats: "KeeperStats") -> dict[str, Any]:
         "pending_run_build_s": round(stats.busy_seconds, 2),
         "pending_run_max_delay_s": round(stats.max_delay_seconds, 2),
         "pending_run_longest_round_s": round(stats.longest_round_seconds, 2),
+        "pending_run_rounds_beside_writes": stats.rounds_beside_writes,
     }
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import Field, PrivateAttr
 
-from .settings import run_keeper_seconds
+from .settings import run_keeper_patience_seconds, run_keeper_seconds
 from .table_resource import LsmTableResource
 
 if TYPE_CHECKING:
@@ -44,10 +44,12 @@ def claimed_writers(
     the run can simply be retried.
 
     While the writers are open, a ``PendingRunKeeper`` builds the runs of
-    the generations they cut (every ``LSM_RUN_KEEPER_SECONDS``, default 2 s,
-    on a thread of its own: it never claims a shard); after they closed, the
-    runs of the generations the close cut are built once more, so readers
-    never fall back to joining keys for what this session wrote.
+    the generations they cut on a thread of its own (it never claims a
+    shard): every ``LSM_RUN_KEEPER_SECONDS`` (default 2 s), in the writers'
+    pauses, or beside them once they have not paused for
+    ``LSM_RUN_KEEPER_PATIENCE_SECONDS`` (default 20 s). After they closed,
+    the runs of the generations the close cut are built once more, so
+    readers never fall back to joining keys for what this session wrote.
     """
     from .lsm.maintenance.pending_runs import PendingRunKeeper
 
@@ -56,7 +58,13 @@ def claimed_writers(
     table.claim(shard_ids)
     if log:
         log.info(f"claimed {len(shard_ids)} shard writers of {table.uri}")
-    keeper = PendingRunKeeper(table.handle, run_keeper_seconds(), report=log.warning if log else None)
+    keeper = PendingRunKeeper(
+        table.handle,
+        run_keeper_seconds(),
+        report=log.warning if log else None,
+        writes=table.write_activity,
+        patience_seconds=run_keeper_patience_seconds(),
+    )
     try:
         with keeper:
             yield WriterSession(table, keeper.stats)

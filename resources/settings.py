@@ -36,6 +36,14 @@ def run_keeper_seconds() -> float:
     return float(os.environ.get("LSM_RUN_KEEPER_SECONDS") or DEFAULT_KEEPER_INTERVAL_SECONDS)
 
 
+def run_keeper_patience_seconds() -> float:
+    """``LSM_RUN_KEEPER_PATIENCE_SECONDS``: how long that keeper waits for the writers to pause, at most, before
+    building runs beside them."""
+    from .lsm.maintenance.pending_runs import DEFAULT_KEEPER_PATIENCE_SECONDS
+
+    return float(os.environ.get("LSM_RUN_KEEPER_PATIENCE_SECONDS") or DEFAULT_KEEPER_PATIENCE_SECONDS)
+
+
 def num_shards() -> int:
     """``LSM_NUM_SHARDS``: shards of a new table, and the shard partitions of maintenance assets."""
     return int(os.environ.get("LSM_NUM_SHARDS", "4"))

@@ -71,6 +71,36 @@ def test_a_keeper_spends_at_most_its_busy_share_of_the_time_building_runs(tmp_pa
     table.close()
 
 
+def _every_shard_has_generations_and_their_run(table: LsmTable) -> bool:
+    """Lance cuts a full MemTable's generation after the put returns: a shard may not have one yet."""
+    return all(s.pending_generations and has_pending_run(table.handle, s) for s in table.shards())
+
+
+def test_a_keeper_waits_for_the_writers_to_pause(tmp_path):
+    table = _live_table(tmp_path)
+    keeper = PendingRunKeeper(table.handle, interval_seconds=0.05, writes=table.write_activity, patience_seconds=60)
+    with keeper:
+        with table.write_activity.writing():  # one put lasting the block: a flat-out writer's puts follow each other
+            for i in range(4):
+                table.write(_batch(i * 250, i))
+            time.sleep(1.0)
+            assert keeper.stats.rounds == 0, "no round while the writers are busy and patience lasts"
+        _wait_for(lambda: _every_shard_has_generations_and_their_run(table))
+    assert keeper.stats.runs_built >= 2 and keeper.stats.rounds_beside_writes == 0
+    table.close()
+
+
+def test_a_keeper_builds_beside_writers_that_never_pause_once_its_patience_ends(tmp_path):
+    table = _live_table(tmp_path)
+    keeper = PendingRunKeeper(table.handle, interval_seconds=0.05, writes=table.write_activity, patience_seconds=0.5)
+    with keeper, table.write_activity.writing():
+        for i in range(4):
+            table.write(_batch(i * 250, i))
+        _wait_for(lambda: _every_shard_has_generations_and_their_run(table))
+    assert keeper.stats.rounds_beside_writes >= 1 and keeper.stats.errors == 0
+    table.close()
+
+
 def test_a_keepers_busy_share_must_be_a_share():
     with pytest.raises(ValueError, match="busy_share"):
         PendingRunKeeper(None, busy_share=0)  # type: ignore[arg-type]
