@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.live_reads import merge_when_due, write_live
 from benchmarks.scale import add_base_arguments, clone, save_results, template
 from resources.lsm import MaintenancePolicy
+from resources.lsm.maintenance.pending_runs import DEFAULT_KEEPER_PATIENCE_SECONDS
 
 
 def children_cpu_seconds() -> float:
@@ -59,7 +60,8 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
     cpu_before = children_cpu_seconds()
     rate = None if args.alone else math.inf
     writer = context.Process(
-        target=write_live, args=(uri, kind, args.rows, args.generation_rows, keep_runs, 1 << 30, stop, rate)
+        target=write_live,
+        args=(uri, kind, args.rows, args.generation_rows, keep_runs, 1 << 30, stop, rate, args.patience),
     )
     processes = (
         [writer]
@@ -98,8 +100,9 @@ def render(results: dict[str, Any]) -> str:
         + ("" if results.get("alone") else ", merges included"),
         "",
         f"`benchmarks/keeper_cost.py`, base of {results['rows']:,} rows, 4 shards; a writer puts "
-        f"{results['generation_rows']:,} random upserts {how} for {results['seconds']:.0f} s; sides alternate, "
-        "each on a fresh clone of the base.",
+        f"{results['generation_rows']:,} random upserts {how} for {results['seconds']:.0f} s; the keeper waits "
+        f"{results.get('patience', 0):.0f} s at most for the writer to pause; sides alternate, each on a fresh clone "
+        "of the base.",
         "",
         "| key | round | keeper | rows/s | held by backpressure | merges (joining passes), merge s | run delay max "
         "| keeper rounds (beside writes) | CPU s per 1M rows (writer + merger) |",
@@ -129,12 +132,19 @@ def main() -> None:
     parser.add_argument(
         "--alone", action="store_true", help="the writer goes flat out with no merger (the keeper's rounds all cost)"
     )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=DEFAULT_KEEPER_PATIENCE_SECONDS,
+        help="seconds the keeper waits for the writer to pause, at most (0: rounds never wait)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {
         "rows": args.rows,
         "generation_rows": args.generation_rows,
         "seconds": args.seconds,
         "alone": args.alone,
+        "patience": args.patience,
         "kinds": {},
     }
     scratch = args.data / "keeper-cost"

@@ -76,7 +76,7 @@ from benchmarks.scale import (
 from resources.lsm import LsmTable, MaintenancePolicy
 from resources.lsm.format.layout import RUNS_DIR
 from resources.lsm.maintenance.backpressure import await_merge_capacity
-from resources.lsm.maintenance.pending_runs import PendingRunKeeper
+from resources.lsm.maintenance.pending_runs import DEFAULT_KEEPER_PATIENCE_SECONDS, PendingRunKeeper
 from resources.lsm.maintenance.policy import BackpressurePolicy, MergeTrigger
 
 SHARDS = 4
@@ -210,6 +210,7 @@ def write_live(
     batches: int,
     stop: EventType | None,
     rate: float | None = None,
+    patience: float = DEFAULT_KEEPER_PATIENCE_SECONDS,
 ) -> None:
     """A writer process: puts of ``size`` rows through writers held open, ``batches`` of them or until ``stop``.
 
@@ -221,7 +222,8 @@ def write_live(
     cycling through 40 puts made ahead, so that only writing is timed.
 
     With ``keep_runs`` a :class:`PendingRunKeeper` builds the runs of the
-    generations the writers cut. Writes its rows/s (and the keeper's work) to
+    generations the writers cut, waiting ``patience`` seconds at most for
+    the writer to pause (0: never waits). Writes its rows/s (and the keeper's work) to
     ``<uri>/writer-<keep_runs>.json``.
     """
     table = LsmTable.open(uri)
@@ -229,7 +231,8 @@ def write_live(
     made_ahead = min(batches, 40) if rate is None else 0
     ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
     written, stalled = 0, 0.0
-    with PendingRunKeeper(table.handle, writes=table.write_activity) if keep_runs else nullcontext() as keeper:
+    keeper = PendingRunKeeper(table.handle, writes=table.write_activity, patience_seconds=patience)
+    with keeper if keep_runs else nullcontext():
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
             if rate is not None and stop is not None:
@@ -241,7 +244,7 @@ def write_live(
         elapsed = time.perf_counter() - started
     table.close()
     result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written, "backpressure_s": stalled}
-    if isinstance(keeper, PendingRunKeeper):
+    if keep_runs:
         stats = keeper.stats
         result |= {
             "runs_built": stats.runs_built,
