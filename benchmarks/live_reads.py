@@ -231,7 +231,7 @@ def write_live(
     made_ahead = min(batches, 40) if rate is None else 0
     ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
     written, stalled = 0, 0.0
-    keeper = PendingRunKeeper(table.handle, writes=table.write_activity, patience_seconds=patience)
+    keeper = PendingRunKeeper(table.handle, patience_seconds=patience)
     with keeper if keep_runs else nullcontext():
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):

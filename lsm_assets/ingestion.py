@@ -1,6 +1,7 @@
 """Ingestion: landing files → Spark → shard writers (WAL + MemTable)."""
 
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Literal
 
 from dagster import (
@@ -245,18 +246,20 @@ def ingest(
     from resources.lsm.spark.ingest import ingest_landing_files
 
     waited = await_merge_capacity(table.handle, config.backpressure_policy(), context.log.warning)
-    report = ingest_landing_files(
-        spark,
-        table.uri,
-        config.landing_dir,
-        config.quarantine_dir,
-        run_id=context.run.run_id,
-        writers=writers,
-        max_files=max_files,
-        retention=config.landing_retention_policy(),
-        storage_options=table.storage_options,
-        policy=config.landing_policy(),
-    )
+    # Staging is the writers' work too: their keeper builds runs in the pauses between micro-batches.
+    with writers.handle.write_activity.writing() if writers is not None else nullcontext():
+        report = ingest_landing_files(
+            spark,
+            table.uri,
+            config.landing_dir,
+            config.quarantine_dir,
+            run_id=context.run.run_id,
+            writers=writers,
+            max_files=max_files,
+            retention=config.landing_retention_policy(),
+            storage_options=table.storage_options,
+            policy=config.landing_policy(),
+        )
     problems = landing_problems(report, config.landing_dir)
     for problem in problems.values():
         context.log.warning(problem)

@@ -62,7 +62,6 @@ def claimed_writers(
         table.handle,
         run_keeper_seconds(),
         report=log.warning if log else None,
-        writes=table.write_activity,
         patience_seconds=run_keeper_patience_seconds(),
     )
     try:

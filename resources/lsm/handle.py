@@ -38,6 +38,7 @@ from .read.merged_read import SHARED_PENDING_GENERATIONS, ReadSnapshot
 from .read.pending_run import PendingRuns
 from .read.pk_bloom import GenerationFilters
 from .read.wal_tail import SHARED_RESOLVED_TAILS, SHARED_WAL_ENTRIES, read_wal_tail
+from .write.activity import WriteActivity
 
 _T = TypeVar("_T")
 
@@ -127,6 +128,8 @@ class TableHandle:
         """``last-write-wins`` or ``partial-update`` (tables created before the setting: the former)."""
         self.router = ShardRouter(details["sharding_specs"][0], dataset.lance_schema, self.shard_ids)
         self.runs = PendingRuns(self.storage, self.cache_scope)
+        self.write_activity = WriteActivity()
+        """What this process's writers of the table are doing, for work that keeps off their cores."""
         self.pending_cache = SHARED_PENDING_GENERATIONS
         self.wal_entries = SHARED_WAL_ENTRIES
         self.wal_tails = SHARED_RESOLVED_TAILS

@@ -55,7 +55,6 @@ from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import change_feed, merged_read, vector_search
 from .read.filter_text import checked_filter
-from .write.activity import WriteActivity
 from .write.changes import ChangeData, ChangeRules, resolve_changes, resolve_ordered_changes, to_arrow
 from .write.shard_writers import ShardWriteCount, ShardWriters, WriteResult, for_each_shard
 
@@ -396,11 +395,6 @@ class LsmTable:
         self.schema = self.dataset().schema
         step("reopened")
         return [f.name for f in missing]
-
-    @property
-    def write_activity(self) -> WriteActivity:
-        """When this object's writers last wrote (a put in flight: now), for work that waits for their pauses."""
-        return self._writers.activity
 
     def writer_stats(self) -> dict[str, dict[str, Any]]:
         """``ShardWriter.stats()`` of every writer this object holds open, by shard."""

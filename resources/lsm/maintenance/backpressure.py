@@ -50,4 +50,5 @@ def await_merge_capacity(
                 + (f" (waited {waited:.0f}s)" if waited else "")
             )
         log(f"{message}; waiting for merges ({waited:.0f}s so far)")
+        table.write_activity.held()  # merges bound the writers: a pending-run keeper may take the cores
         time.sleep(policy.poll_seconds)

@@ -11,11 +11,10 @@ made stale is rebuilt.
 Runs keep up with the generations whoever cuts them: a flush or a merge
 builds them when it ends, a batch ingestion once its writers closed, and
 while writers stay open (continuous ingestion) a :class:`PendingRunKeeper`
-builds them on a thread of its own every few seconds, in the writers'
-pauses when it can (:class:`~resources.lsm.write.activity.WriteActivity`).
-Building a run never
-claims a shard: it reads generations and the base and writes one file, so
-it never fences or waits for a writer.
+builds them on a thread of its own every few seconds, off the cores of
+writers going flat out when it can (:mod:`~resources.lsm.write.activity`).
+Building a run never claims a shard: it reads generations and the base and
+writes one file, so it never fences or waits for a writer.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from ..read.deletion_vector import fragment_ids
 from ..read.key_hash_files import key_files, write_missing_key_hashes
 from ..read.level_readers import level_readers
 from ..read.pending_run import PendingRun, build_runs, run_path, store_run
-from ..write.activity import WriteActivity
+from ..write.activity import PAUSE_SECONDS
 
 
 def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
@@ -131,14 +130,13 @@ DEFAULT_KEEPER_BUSY_SHARE = 0.25
 fewer, longer rounds also rewrite each shard's run fewer times for the same generations."""
 
 DEFAULT_KEEPER_PATIENCE_SECONDS = 20.0
-"""How long after its last round a keeper that sees the writers' activity waits for them to pause, at most.
+"""How long after its last round a keeper waits, at most, while the writers are bound by the cores.
 
-A writer going flat out on 2 cores (64Mi-row base, 4 shards) wrote 0.72-0.76x the rows a second with a keeper
-building runs beside it; a niced process lost as much (the writer's own CPU rose with anything beside it). Rounds
-in the writers' pauses (a micro-batch's gap, a hold for merge capacity) cost them nothing; a writer that never
-pauses shares the cores with a round every ``patience`` seconds, ``busy_share`` of the time at most."""
-WRITERS_PAUSED_SECONDS = 0.25
-"""No put for this long counts as a pause (a flat-out writer's next put starts within milliseconds)."""
+A writer going flat out on 2 cores is slowed by anything beside it, however niced (its own CPU rises): 60 s flat
+out with no merger (64Mi-row base, string keys, ``benchmarks/keeper_cost.py --alone``) wrote 0.86x the rows a second
+with rounds that never waited as without, 0.96x with rounds that waited for a pause. Writers held for merge capacity
+are bound by merges instead, and a round that waited for their pause would start with the merge it should have
+fed (its runs lost to the merge's join): there rounds never wait."""
 
 log = logging.getLogger(__name__)
 
@@ -159,21 +157,23 @@ class KeeperStats:
     generations a run already covered, one a rewrite of the base made stale, does not count)."""
     errors: int = 0
     rounds_beside_writes: int = 0
-    """Rounds started while the writers were busy: they had not paused within the keeper's patience."""
+    """Rounds started while the writers were bound by the cores: they had not paused within the keeper's patience."""
 
 
 class PendingRunKeeper:
     """Builds the runs of generations live writers cut, every ``interval_seconds``, on a thread of its own.
 
-    Given ``writes``, the writers' :class:`WriteActivity`, a round waits for
-    them to pause (no put for ``WRITERS_PAUSED_SECONDS``), for at most
-    ``patience_seconds`` after the last round: a writer going flat out keeps
-    the cores. A generation gets its run within about ``interval_seconds``
+    While this process's writers of the table are bound by the cores
+    (:meth:`~resources.lsm.write.activity.WriteActivity.cores_bound`: no
+    pause, no recent wait for merge capacity), a round waits for them to
+    pause, for at most ``patience_seconds`` after the last round (0: never).
+    A generation gets its run within about ``interval_seconds``
     plus one build after it is flushed while rounds are short and the
     writers pause, and within ``patience_seconds`` plus one build while they
-    do not; a round that took long (a writer cutting generations faster than
+    do not. A round that took long (a writer cutting generations faster than
     they are built, cores taken by a merge) is followed by a longer wait, so
-    that building takes at most ``busy_share`` of the time. A round builds
+    that building takes at most ``busy_share`` of the time; that wait, when
+    longer, stands for the interval and the patience. A round builds
     runs only: the key files of fragments a merge or rewrite added are the
     merge's to store (it does so as it commits), and reading back a
     rewritten base's keys here (64Mi rows: tens of seconds on busy cores)
@@ -189,13 +189,12 @@ class PendingRunKeeper:
         interval_seconds: float = DEFAULT_KEEPER_INTERVAL_SECONDS,
         report: Callable[[str], None] | None = None,
         busy_share: float = DEFAULT_KEEPER_BUSY_SHARE,
-        writes: WriteActivity | None = None,
         patience_seconds: float = DEFAULT_KEEPER_PATIENCE_SECONDS,
     ) -> None:
         if not 0 < busy_share <= 1:
             raise ValueError(f"busy_share must be in (0, 1], not {busy_share}")
         self._handle, self._interval, self._busy_share = handle, interval_seconds, busy_share
-        self._writes, self._patience = writes, patience_seconds
+        self._patience = patience_seconds
         self._report = report or log.warning
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="lsm-run-keeper", daemon=True)
@@ -215,23 +214,23 @@ class PendingRunKeeper:
         pause = self._interval
         while True:
             ended = time.monotonic()
-            if self._stopped.wait(pause) or not self._await_writers_pause(ended + max(pause, self._patience)):
+            if self._stopped.wait(pause) or not self._await_cores(ended + max(pause, self._patience)):
                 return
             before = self.stats.busy_seconds
             self.keep_up()
             took = self.stats.busy_seconds - before  # the round's seconds, as keep_up counted them
             pause = max(self._interval, took * (1 - self._busy_share) / self._busy_share)
 
-    def _await_writers_pause(self, deadline: float) -> bool:
-        """Wait until the writers pause or ``deadline`` (monotonic) passes; ``False`` if the keeper was stopped."""
-        if self._writes is None:
-            return True
-        while (quiet := self._writes.quiet_seconds()) < WRITERS_PAUSED_SECONDS:
+    def _await_cores(self, deadline: float) -> bool:
+        """Wait while the writers are bound by the cores, until ``deadline`` (monotonic) at most; ``False`` if the
+        keeper was stopped."""
+        writes = self._handle.write_activity
+        while writes.cores_bound():
             left = deadline - time.monotonic()
             if left <= 0:
                 self.stats.rounds_beside_writes += 1
                 return True
-            if self._stopped.wait(min(left, WRITERS_PAUSED_SECONDS - quiet)):
+            if self._stopped.wait(min(left, PAUSE_SECONDS)):
                 return False
         return True
 

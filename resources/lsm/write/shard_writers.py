@@ -25,7 +25,6 @@ from ..errors import StorageUnavailableError, WriterFencedError
 from ..format.retry import bounded, is_transient
 from ..format.schema import UNSET_COLUMN, conform
 from ..handle import TableHandle
-from .activity import WriteActivity
 from .partial import complete_upserts
 
 log = logging.getLogger(__name__)
@@ -112,8 +111,6 @@ class ShardWriters:
         self._schemas: dict[str, pa.Schema] = {}
         # One put at a time per shard in this process: a partial update reads the current row, then puts.
         self._put_locks = {shard_id: threading.Lock() for shard_id in handle.shard_ids}
-        self.activity = WriteActivity()
-        """Puts in flight and when the last ended: a pending-run keeper waits for the writers' pauses."""
 
     @property
     def open_shards(self) -> list[str]:
@@ -177,7 +174,7 @@ class ShardWriters:
 
         operation = f"write shard {shard_id}"
         try:
-            with self._put_locks[shard_id], self.activity.writing():
+            with self._put_locks[shard_id], self._handle.write_activity.writing():
                 self._handle.retrying(lambda: self._bounded(put, operation), operation, before_retry=start_afresh)
         except StorageUnavailableError:
             self._writers.pop(shard_id, None)  # possibly stuck in the outage: the next write claims anew

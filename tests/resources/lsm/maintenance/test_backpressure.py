@@ -37,6 +37,8 @@ def test_wait_mode_waits_for_the_merge_and_says_why(behind_table):
     merger.join()
     assert waited >= 0.9
     assert messages and "waiting for merges" in messages[0] and "shards [2]" in messages[0]
+    with behind_table.handle.write_activity.writing():
+        assert not behind_table.handle.write_activity.cores_bound(), "merges bound the writers it held"
 
 
 def test_wait_mode_gives_up_after_max_wait(behind_table):

@@ -59,7 +59,8 @@ def test_a_keeper_spends_at_most_its_busy_share_of_the_time_building_runs(tmp_pa
     table = _live_table(tmp_path)
     started = time.monotonic()
     # An interval far shorter than a round: without the cap the keeper would build nearly all the time.
-    with PendingRunKeeper(table.handle, interval_seconds=0.001, busy_share=0.2) as keeper:
+    # Rounds never wait for the writer's pauses (patience 0): the share alone holds them back.
+    with PendingRunKeeper(table.handle, interval_seconds=0.001, busy_share=0.2, patience_seconds=0) as keeper:
         for i in range(6):
             table.write(_batch(i * 250, i))
             time.sleep(0.2)
@@ -76,15 +77,15 @@ def _every_shard_has_generations_and_their_run(table: LsmTable) -> bool:
     return all(s.pending_generations and has_pending_run(table.handle, s) for s in table.shards())
 
 
-def test_a_keeper_waits_for_the_writers_to_pause(tmp_path):
+def test_a_keeper_waits_for_writers_bound_by_the_cores_to_pause(tmp_path):
     table = _live_table(tmp_path)
-    keeper = PendingRunKeeper(table.handle, interval_seconds=0.05, writes=table.write_activity, patience_seconds=60)
-    with keeper:
-        with table.write_activity.writing():  # one put lasting the block: a flat-out writer's puts follow each other
+    writes = table.handle.write_activity
+    with PendingRunKeeper(table.handle, interval_seconds=0.05, patience_seconds=60) as keeper:
+        with writes.writing():  # one put lasting the block: a flat-out writer's puts follow each other
             for i in range(4):
                 table.write(_batch(i * 250, i))
             time.sleep(1.0)
-            assert keeper.stats.rounds == 0, "no round while the writers are busy and patience lasts"
+            assert keeper.stats.rounds == 0, "no round while the writers are bound by the cores and patience lasts"
         _wait_for(lambda: _every_shard_has_generations_and_their_run(table))
     assert keeper.stats.runs_built >= 2 and keeper.stats.rounds_beside_writes == 0
     table.close()
@@ -92,12 +93,25 @@ def test_a_keeper_waits_for_the_writers_to_pause(tmp_path):
 
 def test_a_keeper_builds_beside_writers_that_never_pause_once_its_patience_ends(tmp_path):
     table = _live_table(tmp_path)
-    keeper = PendingRunKeeper(table.handle, interval_seconds=0.05, writes=table.write_activity, patience_seconds=0.5)
-    with keeper, table.write_activity.writing():
+    keeper = PendingRunKeeper(table.handle, interval_seconds=0.05, patience_seconds=0.5)
+    with keeper, table.handle.write_activity.writing():
         for i in range(4):
             table.write(_batch(i * 250, i))
         _wait_for(lambda: _every_shard_has_generations_and_their_run(table))
     assert keeper.stats.rounds_beside_writes >= 1 and keeper.stats.errors == 0
+    table.close()
+
+
+def test_a_keeper_does_not_wait_for_writers_bound_by_merges(tmp_path):
+    table = _live_table(tmp_path)
+    writes = table.handle.write_activity
+    with PendingRunKeeper(table.handle, interval_seconds=0.05, patience_seconds=60) as keeper:
+        writes.held()  # as a wait for merge capacity records it
+        with writes.writing():
+            for i in range(4):
+                table.write(_batch(i * 250, i))
+            _wait_for(lambda: _every_shard_has_generations_and_their_run(table))
+    assert keeper.stats.runs_built >= 2 and keeper.stats.rounds_beside_writes == 0
     table.close()
 
 
