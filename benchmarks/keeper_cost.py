@@ -5,7 +5,8 @@
 
 With ``--alone`` the writer goes flat out with no merger beside it (no
 backpressure): there the keeper's rounds are all cost, and it waits for the
-writer's pauses for at most its patience (20 s) before sharing the cores.
+writer's pauses for at most ``--patience`` seconds (its default, 20 s; 0: it
+never waits) before sharing the cores.
 In a deployment they are not extra work: a merge takes a run without
 joining the base, and without runs it joins the base itself (or builds the
 runs of what was flushed meanwhile when it ends). This measures the system:

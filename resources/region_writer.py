@@ -45,8 +45,8 @@ def claimed_writers(
 
     While the writers are open, a ``PendingRunKeeper`` builds the runs of
     the generations they cut on a thread of its own (it never claims a
-    shard): every ``LSM_RUN_KEEPER_SECONDS`` (default 2 s), in the writers'
-    pauses, or beside them once they have not paused for
+    shard): every ``LSM_RUN_KEEPER_SECONDS`` (default 2 s), waiting for
+    writers bound by the cores to pause for at most
     ``LSM_RUN_KEEPER_PATIENCE_SECONDS`` (default 20 s). After they closed,
     the runs of the generations the close cut are built once more, so
     readers never fall back to joining keys for what this session wrote.
