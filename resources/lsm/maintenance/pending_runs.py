@@ -132,9 +132,10 @@ fewer, longer rounds also rewrite each shard's run fewer times for the same gene
 DEFAULT_KEEPER_PATIENCE_SECONDS = 20.0
 """How long after its last round a keeper waits, at most, while the writers are bound by the cores.
 
-A writer going flat out on 2 cores is slowed by anything beside it, however niced (its own CPU rises): 60 s flat
-out with no merger (64Mi-row base, string keys, ``benchmarks/keeper_cost.py --alone``) wrote 0.86x the rows a second
-with rounds that never waited as without, 0.96x with rounds that waited for a pause. Writers held for merge capacity
+A writer going flat out on 2 cores is slowed by anything beside it, however niced (its own CPU rises). With no
+merger (64Mi-row base, string keys, ``benchmarks/keeper_cost.py --alone``), 15 s flat out wrote 0.79x the rows a
+second with rounds that never waited as without, 1.13x with rounds that waited (none ran); 60 s flat out 0.86x
+against 0.85-0.96x (waiting defers a round, it does not shrink it). Writers held for merge capacity
 are bound by merges instead, and a round that waited for their pause would start with the merge it should have
 fed (its runs lost to the merge's join): there rounds never wait."""
 
