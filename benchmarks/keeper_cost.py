@@ -76,7 +76,7 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
     for process in processes:
         process.join()
     if any(process.exitcode for process in processes):
-        raise RuntimeError(f"exit codes {[p.exitcode for p in processes]} (writer, merger): tracebacks are above")
+        raise RuntimeError(f"exit codes {[p.exitcode for p in processes]} (writer, then merger): tracebacks are above")
     written = json.loads(Path(uri, f"writer-{int(keep_runs)}.json").read_text())
     merges = [] if args.alone else json.loads(Path(uri, "merges.json").read_text())
     rows, cpu = written["puts"] * args.generation_rows, children_cpu_seconds() - cpu_before
@@ -93,16 +93,16 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
 def render(results: dict[str, Any]) -> str:
     how = (
         "as fast as it can with no merger beside it (no backpressure)"
-        if results.get("alone")
+        if results["alone"]
         else "as fast as merge capacity lets it beside a merger (the merge sensor's default trigger, every 5 s)"
     )
     lines = [
         "# Continuous ingestion with and without the pending-run keeper"
-        + ("" if results.get("alone") else ", merges included"),
+        + ("" if results["alone"] else ", merges included"),
         "",
         f"`benchmarks/keeper_cost.py`, base of {results['rows']:,} rows, 4 shards; a writer puts "
         f"{results['generation_rows']:,} random upserts {how} for {results['seconds']:.0f} s; the keeper waits "
-        f"{results.get('patience', 0):.0f} s at most for the writer to pause; sides alternate, each on a fresh clone "
+        f"{results['patience']:.0f} s at most for the writer to pause; sides alternate, each on a fresh clone "
         "of the base.",
         "",
         "| key | round | keeper | rows/s | held by backpressure | merges (joining passes), merge s | run delay max "
@@ -112,7 +112,7 @@ def render(results: dict[str, Any]) -> str:
     for kind, found in results["kinds"].items():
         for side in found["sides"]:
             delay = f"{side['max_run_delay_s']:.1f} s" if "max_run_delay_s" in side else ""
-            rounds = f"{side['rounds']} ({side.get('rounds_beside_writes', '?')})" if "rounds" in side else ""
+            rounds = f"{side['rounds']} ({side['rounds_beside_writes']})" if side["keep_runs"] else ""
             lines.append(
                 f"| {kind} | {side['round']} | {'with' if side['keep_runs'] else 'without'} | "
                 f"{side['rows_per_s']:,.0f} | {side['backpressure_s']:.0f} s | "
