@@ -231,8 +231,8 @@ def write_live(
     made_ahead = min(batches, 40) if rate is None else 0
     ahead = [rows_for(kind, rng.integers(0, rows, size), rng) for _ in range(made_ahead)]
     written, stalled = 0, 0.0
-    keeper = PendingRunKeeper(table.handle, patience_seconds=patience)
-    with keeper if keep_runs else nullcontext():
+    keeper = PendingRunKeeper(table.handle, patience_seconds=patience) if keep_runs else None
+    with keeper or nullcontext():
         started = time.perf_counter()
         while written < batches and not (stop is not None and stop.is_set()):
             if rate is not None and stop is not None:
@@ -244,7 +244,7 @@ def write_live(
         elapsed = time.perf_counter() - started
     table.close()
     result: dict[str, float] = {"rows_per_s": written * size / elapsed, "puts": written, "backpressure_s": stalled}
-    if keep_runs:
+    if keeper is not None:
         stats = keeper.stats
         result |= {
             "runs_built": stats.runs_built,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lance
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..lru_cache import LruCache
@@ -49,3 +50,17 @@ def unique_columns(dataset: lance.LanceDataset, key: list[str]) -> list[str]:
     sampled = min(_SAMPLE_ROWS, dataset.count_rows())
     unique = [name for name in key if sampled and spread.get(name, 0) >= _UNIQUE_SHARE * sampled]
     return sorted(unique, key=lambda name: -spread[name])
+
+
+def unique_integer_column(dataset: lance.LanceDataset, key: list[str]) -> str | None:
+    """A composite key's integer column the base holds nearly unique (the most distinct one), if it has one.
+
+    Scans and joins test such a column alone, then compare the other key
+    columns of the few rows it finds: an integer is cheaper to hash and
+    look up than a whole key with a string in it. ``None`` for a one-column
+    key.
+    """
+    if len(key) < 2:
+        return None
+    integers = (c for c in unique_columns(dataset, key) if pa.types.is_integer(dataset.schema.field(c).type))
+    return next(integers, None)

@@ -52,7 +52,7 @@ from .filter_text import keys_filter
 from .generation_keys import generation_key_index
 from .generations import generation_rows, newest_per_key, open_generation, read_generations
 from .key_sets import anti_join_stream, joinable, key_join, key_mask, laid_over, rows_of_keys, same_keys, spans
-from .key_spread import key_spread, unique_columns
+from .key_spread import key_spread, unique_integer_column
 from .level_readers import level_readers
 from .pending_run import PendingRun, PendingRuns, followed
 from .pk_bloom import GenerationFilters
@@ -220,8 +220,8 @@ class BaseRowFilter:
         self._vector = DeletionVector.union([level.superseded for level in levels])
         self._schema = pa.schema([field for field in schema if field.name not in (ROW_ADDRESS, ROW_ID)])
         self._key = key
-        # A composite key's unique columns cost a sample of the base once per process: only for keys to drop.
-        unique = unique_columns(dataset, key) if len(key) > 1 and joined.num_rows else ()
+        # A composite key's unique column costs a sample of the base once per process: only for keys to drop.
+        unique = unique_integer_column(dataset, key) if joined.num_rows else None
         self._bitmap = _KeyBitmap.of(joined, key, unique)
         by_key = self._bitmap is None and joined.num_rows > 0
         self._rows = self._found_ahead(storage, dataset, joined, key, fragments) if by_key else None
@@ -342,12 +342,13 @@ class _KeyBitmap:
     """Widest value range given a bitmap (32 MiB of bits; 8 MiB for 64Mi dense ids)."""
 
     @classmethod
-    def of(cls, keys: pa.Table, key: list[str], unique: Sequence[str] = ()) -> _KeyBitmap | None:
-        """The bitmap of ``keys``, if their integer column (one of ``unique`` for a composite key) has no null and a
-        bounded span (and they are not empty)."""
-        candidates = key if len(key) == 1 else [c for c in unique if c in key]
-        column = next((c for c in candidates if pa.types.is_integer(keys.schema.field(c).type)), None)
-        if column is None or not keys.num_rows or keys.column(column).null_count:
+    def of(cls, keys: pa.Table, key: list[str], unique: str | None = None) -> _KeyBitmap | None:
+        """The bitmap of ``keys`` on their integer key column (``unique``, the base's nearly unique one, for a
+        composite key), if it has no null and a bounded span (and they are not empty)."""
+        column = key[0] if len(key) == 1 else unique
+        if column is None or not pa.types.is_integer(keys.schema.field(column).type):
+            return None
+        if not keys.num_rows or keys.column(column).null_count:
             return None
         values = keys.column(column)
         low, high = pc.min(values).as_py(), pc.max(values).as_py()

@@ -19,7 +19,7 @@ from resources.lsm.format.schema import TOMBSTONE_COLUMN
 from resources.lsm.read import merged_read
 from resources.lsm.read.base_key_index import BaseKeyIndex
 from resources.lsm.read.key_hash_files import key_files, write_missing_key_hashes
-from resources.lsm.read.key_spread import unique_columns
+from resources.lsm.read.key_spread import unique_columns, unique_integer_column
 from resources.lsm.read.pending_run import PendingRun, read_run, store_run
 from resources.lsm.testing.changegen import ChangeStreamSpec, generate_changes
 from tests.helpers import drop_pending_runs, rows_by_key
@@ -150,7 +150,7 @@ def test_keys_a_bitmap_cannot_hold_get_none(keys):
 def test_a_composite_keys_bitmap_on_its_unique_integer_column_finds_exactly_the_pending_keys():
     """Rows whose id is pending under another region are not the key's; an id pending under two regions finds both."""
     pending = pa.table({"region": ["eu", "us", "eu", "ap"], "id": pa.array([5, 5, 9, 1000], pa.int64())})
-    bitmap = merged_read._KeyBitmap.of(pending, ["region", "id"], unique=["id"])
+    bitmap = merged_read._KeyBitmap.of(pending, ["region", "id"], unique="id")
     assert bitmap is not None
     base = pa.record_batch(
         {
@@ -165,7 +165,7 @@ def test_a_composite_keys_bitmap_on_its_unique_integer_column_finds_exactly_the_
     assert bitmap.found(base).tolist() == expected == [True, True, False, True, False, False, True, False, False]
 
 
-@pytest.mark.parametrize("unique", [[], ["region"]], ids=["no unique column", "a string one"])
+@pytest.mark.parametrize("unique", [None, "region"], ids=["no unique column", "a string one"])
 def test_a_composite_key_without_a_unique_integer_column_gets_no_bitmap(unique):
     pending = pa.table({"region": ["eu", "us"], "id": pa.array([5, 6], pa.int64())})
     assert merged_read._KeyBitmap.of(pending, ["region", "id"], unique=unique) is None
@@ -181,6 +181,9 @@ def test_a_composite_keys_unique_columns_are_those_nearly_every_sampled_row_hold
     assert unique_columns(dataset, ["tenant", "id"]) == ["id"]
     assert unique_columns(dataset, ["tenant", "name"]) == ["name"]
     assert unique_columns(dataset, ["tenant", "day"]) == []
+    assert unique_integer_column(dataset, ["tenant", "id"]) == "id"
+    assert unique_integer_column(dataset, ["tenant", "name"]) is None  # unique, but a string
+    assert unique_integer_column(dataset, ["id"]) is None  # a one-column key is its own
 
 
 def test_a_composite_key_dropped_through_its_unique_integer_columns_bitmap_reads_the_oracle(tmp_path, monkeypatch):
