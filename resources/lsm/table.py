@@ -51,6 +51,7 @@ from .handle import (
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
+from .maintenance.merge_leases import merge_leases
 from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import change_feed, merged_read, vector_search
@@ -476,18 +477,20 @@ class LsmTable:
         whose keeper builds their runs). See :mod:`resources.lsm.maintenance.compaction`.
         """
         shard_ids = self._shard_list(shard)
-        # A failed pass changed nothing or committed whole; a re-run re-plans from the markers.
-        result = self.handle.retrying(
-            lambda: compaction.compact(
-                self.handle,
-                shard_ids,
-                max_rows_per_pass=max_rows_per_pass,
-                maintenance=maintenance,
-                runs_only=runs_only,
-            ),
-            "compact",
-        )
-        self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
+        # Keepers leave these shards' runs to the build that ends the merge.
+        with merge_leases(self.handle.storage, shard_ids):
+            # A failed pass changed nothing or committed whole; a re-run re-plans from the markers.
+            result = self.handle.retrying(
+                lambda: compaction.compact(
+                    self.handle,
+                    shard_ids,
+                    max_rows_per_pass=max_rows_per_pass,
+                    maintenance=maintenance,
+                    runs_only=runs_only,
+                ),
+                "compact",
+            )
+            self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
         return result
 
     def build_pending_runs(self, shard: str | Sequence[str] | None = None) -> dict[str, int]:

@@ -10,6 +10,7 @@ to the table root (or, for the archive, to the landing directory)::
     _mem_wal/<shard>/wal/<bits>.arrow                    WAL entries
     _mem_wal/<shard>/<prefix>_gen_<N>/                   flushed generations
     _lsm_runs/<shard>/<first>-<last>-<digest>.arrow      pending runs (read/pending_run.py)
+    _lsm_merging/<shard>@<until, unix ms>                a merge's lease on a shard (maintenance/merge_leases.py)
     _lsm_key_hashes/v1/<fragment id>-<data file>.u64     key hashes of a base fragment (read/key_hash_files.py)
     _lsm_key_hashes/sorted-v1/<fragment id>-<data file>.idx  its key index (read/base_key_index.py)
     _lsm_ingest/files/<landing file>.json                the landing ledger (ingest/landing.py)
@@ -27,6 +28,7 @@ VERSIONS_DIR = "_versions"
 DATA_DIR = "data"
 MEM_WAL_DIR = "_mem_wal"
 RUNS_DIR = "_lsm_runs"
+MERGE_LEASES_DIR = "_lsm_merging"
 REWRITES_DIR = "_lsm_rewrites"
 """Where each tidy-up's rewrite of the base put the rows it moved (``read/rewrites.py``)."""
 KEY_HASHES_DIR = "_lsm_key_hashes/v1"

@@ -12,7 +12,9 @@ Runs keep up with the generations whoever cuts them: a flush or a merge
 builds them when it ends, a batch ingestion once its writers closed, and
 while writers stay open (continuous ingestion) a :class:`PendingRunKeeper`
 builds them on a thread of its own every few seconds, off the cores of
-writers going flat out when it can (:mod:`~resources.lsm.write.activity`).
+writers going flat out when it can (:mod:`~resources.lsm.write.activity`),
+and leaving the shards a merge is working on to that merge
+(:mod:`~resources.lsm.maintenance.merge_leases`).
 Building a run never claims a shard: it reads generations and the base and
 writes one file, so it never fences or waits for a writer.
 """
@@ -33,6 +35,7 @@ from ..read.key_hash_files import key_files, write_missing_key_hashes
 from ..read.level_readers import level_readers
 from ..read.pending_run import PendingRun, build_runs, run_path, store_run
 from ..write.activity import PAUSE_SECONDS
+from .merge_leases import leased_shards
 
 
 def has_pending_run(handle: TableHandle, state: ShardState) -> bool:
@@ -159,6 +162,9 @@ class KeeperStats:
     errors: int = 0
     rounds_beside_writes: int = 0
     """Rounds started while the writers were bound by the cores: they had not paused within the keeper's patience."""
+    shards_left_to_merges: int = 0
+    """Shards passed over by a round because a merge held them (:mod:`~resources.lsm.maintenance.merge_leases`),
+    counted once per round: the merge builds their runs as it ends."""
 
 
 class PendingRunKeeper:
@@ -171,7 +177,8 @@ class PendingRunKeeper:
     A generation gets its run within about ``interval_seconds``
     plus one build after it is flushed while rounds are short and the
     writers pause, and within ``patience_seconds`` plus one build while they
-    do not. A round that took long (a writer cutting generations faster than
+    do not; a generation of a shard a merge holds a lease on gets its run
+    when that merge ends (it builds the runs of what was flushed meanwhile). A round that took long (a writer cutting generations faster than
     they are built, cores taken by a merge) is followed by a longer wait, so
     that building takes at most ``busy_share`` of the time; that wait, when
     longer, stands for the interval and the patience. A round builds
@@ -236,7 +243,8 @@ class PendingRunKeeper:
         return True
 
     def keep_up(self) -> None:
-        """One round: build the runs missing now, adding what it did to :attr:`stats`.
+        """One round: build the runs missing now, but those of shards a merge holds, adding what it did to
+        :attr:`stats`.
 
         A failure is counted and reported, never raised: readers join keys
         for those generations until a later round (or the flush sensor) builds
@@ -244,7 +252,10 @@ class PendingRunKeeper:
         """
         started = time.monotonic()
         try:
-            built = build_pending_runs(self._handle, self._handle.shard_ids, store_key_files=False)
+            merging = leased_shards(self._handle.storage)
+            shard_ids = [shard for shard in self._handle.shard_ids if shard not in merging]
+            self.stats.shards_left_to_merges += len(self._handle.shard_ids) - len(shard_ids)
+            built = build_pending_runs(self._handle, shard_ids, store_key_files=False)
             done_ns = time.time_ns()
             delays = [done_ns - flushed for flushed in self._first_covered_flushes(built)]
         except Exception as exc:  # a round is only a shortcut for readers
