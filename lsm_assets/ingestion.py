@@ -354,6 +354,7 @@ def pending_run_metadata(stats: "KeeperStats") -> dict[str, Any]:
         "pending_run_max_delay_s": round(stats.max_delay_seconds, 2),
         "pending_run_longest_round_s": round(stats.longest_round_seconds, 2),
         "pending_run_rounds_beside_writes": stats.rounds_beside_writes,
+        "pending_run_shards_left_to_merges": stats.shards_left_to_merges,
     }
 
 

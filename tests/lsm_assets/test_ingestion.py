@@ -117,6 +117,7 @@ def test_continuous_ingestion_takes_files_as_they_arrive_and_closes_writers(spar
         "pending_run_max_delay_s",
         "pending_run_longest_round_s",
         "pending_run_rounds_beside_writes",
+        "pending_run_shards_left_to_merges",
     } <= set(batches[-1])
     if job_name == "ingest_job":  # the asset's own materialization sums the run, after the writers closed
         (total,) = materializations[4:]

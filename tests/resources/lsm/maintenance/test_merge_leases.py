@@ -1,0 +1,93 @@
+"""Merge leases: a merge holds its shards until the runs it builds as it ends are stored; keepers pass them over."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from resources.lsm import LsmTable
+from resources.lsm.format.layout import MERGE_LEASES_DIR
+from resources.lsm.maintenance import compaction
+from resources.lsm.maintenance.merge_leases import leased_shards, merge_leases
+from resources.lsm.maintenance.pending_runs import PendingRunKeeper, has_pending_run
+
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
+
+
+def _table_with_generations(tmp_path: Path) -> LsmTable:
+    """Two shards, each with flushed generations and no run yet."""
+    table = LsmTable.create(str(tmp_path / "t.lance"), SCHEMA, ["id"], num_shards=2, max_memtable_rows=400)
+    table.write(pa.table({"id": pa.array(range(2000), pa.int64()), "value": [1] * 2000}, schema=SCHEMA))
+    table.flush()
+    assert all(s.pending_generations for s in table.shards())
+    return table
+
+
+def test_a_lease_holds_for_the_block_and_is_released_even_when_it_fails(tmp_path):
+    table = _table_with_generations(tmp_path)
+    storage, (first, second) = table.handle.storage, table.shard_ids
+    with merge_leases(storage, [first]):
+        assert leased_shards(storage) == {first}
+    assert leased_shards(storage) == set()
+    with pytest.raises(RuntimeError), merge_leases(storage, [first, second]):
+        raise RuntimeError("the merge failed")
+    assert leased_shards(storage) == set() and storage.list_files(MERGE_LEASES_DIR) == []
+    table.close()
+
+
+def test_a_crashed_merges_lease_lapses_and_the_next_merge_deletes_it(tmp_path):
+    table = _table_with_generations(tmp_path)
+    storage, shard = table.handle.storage, table.shard_ids[0]
+    lapsed = f"{MERGE_LEASES_DIR}/{shard}@{int(time.time() * 1000) - 1}"
+    storage.write_bytes_atomic(lapsed, b"")  # as a merge killed an instant ago past its lease leaves it
+    storage.write_bytes_atomic(f"{MERGE_LEASES_DIR}/{shard}@1.0a3f.tmp", b"")  # a write's staging leftover
+    assert leased_shards(storage) == set()
+    with merge_leases(storage, [table.shard_ids[1]]):
+        assert leased_shards(storage) == {table.shard_ids[1]}
+    assert not storage.exists(lapsed)
+    table.close()
+
+
+def test_a_keeper_passes_over_the_shards_a_merge_holds_and_builds_them_once_released(tmp_path):
+    table = _table_with_generations(tmp_path)
+    merged, other = table.shard_ids
+    keeper = PendingRunKeeper(table.handle)
+    with merge_leases(table.handle.storage, [merged]):
+        keeper.keep_up()
+    states = {s.shard_id: s for s in table.shards()}
+    assert not has_pending_run(table.handle, states[merged]) and has_pending_run(table.handle, states[other])
+    assert keeper.stats.shards_left_to_merges == 1 and keeper.stats.runs_built == 1
+    keeper.keep_up()
+    assert has_pending_run(table.handle, table.shards()[table.shard_ids.index(merged)])
+    assert keeper.stats.shards_left_to_merges == 1 and keeper.stats.runs_built == 2
+    table.close()
+
+
+def test_a_merge_holds_its_shards_until_the_runs_it_builds_as_it_ends_are_stored(tmp_path, monkeypatch):
+    table = _table_with_generations(tmp_path)
+    storage, merged = table.handle.storage, table.shard_ids[:1]
+    seen: dict[str, set[str]] = {}
+    merge, build = compaction.compact, LsmTable.build_pending_runs
+
+    def merging(*args, **kwargs):
+        seen["merge"] = leased_shards(storage)
+        return merge(*args, **kwargs)
+
+    def building(self, *args, **kwargs):
+        seen["build"] = leased_shards(storage)
+        return build(self, *args, **kwargs)
+
+    monkeypatch.setattr(compaction, "compact", merging)
+    monkeypatch.setattr(LsmTable, "build_pending_runs", building)
+    table.write(pa.table({"id": pa.array([5, 7], pa.int64()), "value": [2, 2]}, schema=SCHEMA))
+    table.flush()  # a generation the merge's build over its shard covers
+
+    table.compact(merged)
+
+    assert seen == {"merge": set(merged), "build": set(merged)}
+    assert leased_shards(storage) == set()
+    assert dict(zip(*table.read().select(["id", "value"]).to_pydict().values(), strict=True))[5] == 2
+    table.close()
