@@ -19,9 +19,11 @@ merges the shards the merge sensor's default trigger picks every 5 s (join-free
 once runs exist, as beside a writer run). The sides, with the keeper and
 without, alternate over ``--rounds`` rounds (which goes first alternates too).
 
-Per side: rows/s written, seconds held by backpressure, merges and their
-joining passes, the runs' longest delay behind their generations (with the
-keeper), and CPU seconds of writer and merger together per million rows.
+Per side: rows/s written, seconds held by backpressure, merges, their
+joining passes and the longest of them (a merge builds the runs of its
+shards' generations flushed while it ran, which the keeper leaves to it),
+the longest delay of the runs the keeper built behind their generations,
+and CPU seconds of writer and merger together per million rows.
 Results: ``benchmarks/results/keeper_cost.{json,md}`` (``--out``).
 """
 
@@ -87,6 +89,7 @@ def ingest(uri: str, kind: str, keep_runs: bool, args: argparse.Namespace) -> di
         "merges": len(merges),
         "joining_passes": sum(m["joining_passes"] for m in merges),
         "merge_seconds": sum(m["seconds"] for m in merges),
+        "longest_merge_s": max((m["seconds"] for m in merges), default=0.0),
     }
 
 
@@ -113,10 +116,12 @@ def render(results: dict[str, Any]) -> str:
         for side in found["sides"]:
             delay = f"{side['max_run_delay_s']:.1f} s" if "max_run_delay_s" in side else ""
             rounds = f"{side['rounds']} ({side['rounds_beside_writes']})" if side["keep_runs"] else ""
+            longest = f", longest {side['longest_merge_s']:.0f} s" if side.get("longest_merge_s") else ""
             lines.append(
                 f"| {kind} | {side['round']} | {'with' if side['keep_runs'] else 'without'} | "
                 f"{side['rows_per_s']:,.0f} | {side['backpressure_s']:.0f} s | "
-                f"{side['merges']} ({side['joining_passes']}), {side['merge_seconds']:.0f} s | {delay} | {rounds} | "
+                f"{side['merges']} ({side['joining_passes']}), {side['merge_seconds']:.0f} s{longest} | {delay} | "
+                f"{rounds} | "
                 f"{side['cpu_s_per_million_rows']:.2f} |"
             )
         if "throughput_ratio" in found:

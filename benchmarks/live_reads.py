@@ -253,6 +253,7 @@ def write_live(
             "seconds_per_round": stats.busy_seconds / max(1, stats.rounds),
             "longest_round_s": stats.longest_round_seconds,
             "rounds_beside_writes": stats.rounds_beside_writes,
+            "shards_left_to_merges": stats.shards_left_to_merges,
         }
     Path(uri, f"writer-{int(keep_runs)}.json").write_text(json.dumps(result))
 
