@@ -475,6 +475,9 @@ class LsmTable:
         ``maintenance`` (``None``: skip). ``runs_only``: once a run is merged,
         generations without one wait for a later call (beside live writers,
         whose keeper builds their runs). See :mod:`resources.lsm.maintenance.compaction`.
+        Then the runs of the shards' generations flushed meanwhile are built;
+        until they are stored the call holds a lease on the shards, which
+        pending-run keepers pass over (:mod:`~resources.lsm.maintenance.merge_leases`).
         """
         shard_ids = self._shard_list(shard)
         # Keepers leave these shards' runs to the build that ends the merge.

@@ -3,18 +3,17 @@
 A merge ends by building the runs of the generations flushed while it ran,
 over the base it committed (:meth:`~resources.lsm.table.LsmTable.compact`).
 A keeper round over the same shards meanwhile builds those runs against the
-base the merge is about to change, so the merge's own build repeats most of
-it: beside merges running back to back (64Mi-row string base,
-``benchmarks/keeper_cost.py``) every run was built twice and ingestion wrote
-0.78-0.84x the rows a second with the keeper as without.
+base the merge is about to change, and the merge's own build then redoes
+much of it: beside merges running back to back (64Mi-row string base,
+``benchmarks/keeper_cost.py``) ingestion wrote 0.78-0.84x the rows a second
+with the keeper as without.
 
 A lease is an empty file per shard, ``<shard>@<until>`` (unix milliseconds),
 written when a merge starts and deleted when it ends. A merge that crashed
 leaves its lease behind; it lapses at ``until``, and the next merge deletes
-it. A lease is only a hint:
-a keeper that misses one builds a run the merge rebuilds, one that heeds a
-stale one leaves readers the no-run path a little longer. Neither changes
-what anybody reads.
+it. A lease is only a hint: a keeper that misses one builds a run the merge
+rebuilds, one that heeds a stale one leaves readers the no-run path a
+little longer. Neither changes what anybody reads.
 """
 
 from __future__ import annotations

@@ -178,7 +178,8 @@ class PendingRunKeeper:
     plus one build after it is flushed while rounds are short and the
     writers pause, and within ``patience_seconds`` plus one build while they
     do not; a generation of a shard a merge holds a lease on gets its run
-    when that merge ends (it builds the runs of what was flushed meanwhile). A round that took long (a writer cutting generations faster than
+    when that merge ends (it builds the runs of what was flushed meanwhile).
+    A round that took long (a writer cutting generations faster than
     they are built, cores taken by a merge) is followed by a longer wait, so
     that building takes at most ``busy_share`` of the time; that wait, when
     longer, stands for the interval and the patience. A round builds
