@@ -55,10 +55,11 @@ def leased_shards(storage: TableStorage) -> set[str]:
 
 
 def _leases(storage: TableStorage) -> list[tuple[str, int]]:
-    """Every lease file (its path) with the time it lapses, unix ms; a write's leftover staging file is none."""
+    """Every lease file (its path) with the time it lapses, unix ms; a write's staging file (``<lease>.<hex>.tmp``,
+    left behind by a crash) counts as its lease, so that it lapses and goes with it."""
     found = []
     for entry in storage.list_files(MERGE_LEASES_DIR):
-        until = entry.name.partition("@")[2]
+        until = entry.name.partition("@")[2].partition(".")[0]
         if until.isdigit():
             found.append((f"{MERGE_LEASES_DIR}/{entry.name}", int(until)))
     return found

@@ -43,11 +43,13 @@ def test_a_crashed_merges_lease_lapses_and_the_next_merge_deletes_it(tmp_path):
     storage, shard = table.handle.storage, table.shard_ids[0]
     lapsed = f"{MERGE_LEASES_DIR}/{shard}@{int(time.time() * 1000) - 1}"
     storage.write_bytes_atomic(lapsed, b"")  # as a merge killed an instant ago past its lease leaves it
-    storage.write_bytes_atomic(f"{MERGE_LEASES_DIR}/{shard}@1.0a3f.tmp", b"")  # a write's staging leftover
+    leftover = f"{lapsed}.0a3f.tmp"  # a lease write's staging file, left by a crash before its rename
+    storage.write_bytes_atomic(leftover, b"")
     assert leased_shards(storage) == set()
     with merge_leases(storage, [table.shard_ids[1]]):
         assert leased_shards(storage) == {table.shard_ids[1]}
-    assert not storage.exists(lapsed)
+    assert not storage.exists(lapsed) and not storage.exists(leftover)
+    assert storage.list_files(MERGE_LEASES_DIR) == []
     table.close()
 
 
