@@ -33,13 +33,19 @@ MERGE_LEASE_SECONDS = 900.0
 def merge_leases(
     storage: TableStorage, shard_ids: Sequence[str], seconds: float = MERGE_LEASE_SECONDS
 ) -> Iterator[None]:
-    """Hold a lease on each of ``shard_ids`` while the block runs (a merge and the runs it builds when it ends)."""
+    """Hold a lease on each of ``shard_ids`` while the block runs (a merge and the runs it builds when it ends).
+
+    Best effort: a lease the store refuses is left out (keepers then build
+    those shards' runs too); the block runs either way.
+    """
     now_ms = time.time() * 1000
-    lapsed = [name for name, until in _leases(storage) if until <= now_ms]
     until_ms = int(now_ms + seconds * 1000)
-    names = [f"{MERGE_LEASES_DIR}/{shard}@{until_ms}" for shard in shard_ids]
-    for name in names:
-        storage.write_bytes_atomic(name, b"")
+    names, lapsed = [], []
+    with contextlib.suppress(OSError):
+        lapsed = [name for name, until in _leases(storage) if until <= now_ms]
+        for name in (f"{MERGE_LEASES_DIR}/{shard}@{until_ms}" for shard in shard_ids):
+            storage.write_bytes_atomic(name, b"")
+            names.append(name)
     try:
         yield
     finally:

@@ -38,6 +38,21 @@ def test_a_lease_holds_for_the_block_and_is_released_even_when_it_fails(tmp_path
     table.close()
 
 
+def test_a_store_refusing_a_lease_leaves_it_out_and_the_merge_runs(tmp_path, monkeypatch):
+    table = _table_with_generations(tmp_path)
+    storage = table.handle.storage
+
+    def refused(relative: str, data: bytes) -> None:
+        raise OSError(f"the store refused {relative}")
+
+    monkeypatch.setattr(storage, "write_bytes_atomic", refused)
+    ran = []
+    with merge_leases(storage, table.shard_ids):
+        ran.append(leased_shards(storage))
+    assert ran == [set()]  # the block ran, holding nothing
+    table.close()
+
+
 def test_a_crashed_merges_lease_lapses_and_the_next_merge_deletes_it(tmp_path):
     table = _table_with_generations(tmp_path)
     storage, shard = table.handle.storage, table.shard_ids[0]
