@@ -42,7 +42,7 @@ def merge_leases(
     until_ms = int(now_ms + seconds * 1000)
     names, lapsed = [], []
     with contextlib.suppress(OSError):
-        lapsed = [name for name, until in _leases(storage) if until <= now_ms]
+        lapsed = [path for path, _, until in _leases(storage) if until <= now_ms]
         for name in (f"{MERGE_LEASES_DIR}/{shard}@{until_ms}" for shard in shard_ids):
             storage.write_bytes_atomic(name, b"")
             names.append(name)
@@ -57,15 +57,16 @@ def merge_leases(
 def leased_shards(storage: TableStorage) -> set[str]:
     """The shards a merge holds an unexpired lease on (one listing of the lease directory)."""
     now_ms = time.time() * 1000
-    return {name.rpartition("/")[2].partition("@")[0] for name, until in _leases(storage) if until > now_ms}
+    return {shard for _, shard, until in _leases(storage) if until > now_ms}
 
 
-def _leases(storage: TableStorage) -> list[tuple[str, int]]:
-    """Every lease file (its path) with the time it lapses, unix ms; a write's staging file (``<lease>.<hex>.tmp``,
-    left behind by a crash) counts as its lease, so that it lapses and goes with it."""
+def _leases(storage: TableStorage) -> list[tuple[str, str, int]]:
+    """Every lease file: its path, its shard and when it lapses (unix ms). A write's staging file
+    (``<lease>.<hex>.tmp``, left behind by a crash) counts as its lease, so that it lapses and goes with it."""
     found = []
     for entry in storage.list_files(MERGE_LEASES_DIR):
-        until = entry.name.partition("@")[2].partition(".")[0]
+        shard, _, rest = entry.name.partition("@")
+        until = rest.partition(".")[0]
         if until.isdigit():
-            found.append((f"{MERGE_LEASES_DIR}/{entry.name}", int(until)))
+            found.append((f"{MERGE_LEASES_DIR}/{entry.name}", shard, int(until)))
     return found
