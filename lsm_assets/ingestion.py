@@ -336,8 +336,9 @@ def _micro_batches(
 def _build_pending_runs(context: AssetExecutionContext | OpExecutionContext, table: "LsmTable") -> dict[str, Any]:
     """Build the runs of the generations the ingestion cut, so reads never join keys for them.
 
-    The rows are durable and recorded already: a failure here is logged, and
-    the flush sensor builds the runs at its next tick.
+    A shard a merge holds a lease on is left to that merge, which builds its
+    runs as it ends. The rows are durable and recorded already: a failure
+    here is logged, and the flush sensor builds the runs at its next tick.
     """
     from resources.lsm.maintenance.pending_runs import PendingRunKeeper
 

@@ -47,9 +47,11 @@ def claimed_writers(
     the generations they cut on a thread of its own (it never claims a
     shard): every ``LSM_RUN_KEEPER_SECONDS`` (default 2 s), waiting for
     writers bound by the cores to pause for at most
-    ``LSM_RUN_KEEPER_PATIENCE_SECONDS`` (default 20 s). After they closed,
-    the runs of the generations the close cut are built once more, so
-    readers never fall back to joining keys for what this session wrote.
+    ``LSM_RUN_KEEPER_PATIENCE_SECONDS`` (default 20 s), and leaving shards
+    a merge holds a lease on to that merge. After they closed, the runs of
+    the generations the close cut are built once more (but those of shards
+    under merge), so readers do not fall back to joining keys for what this
+    session wrote.
     """
     from .lsm.maintenance.pending_runs import PendingRunKeeper
 
