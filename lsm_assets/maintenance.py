@@ -127,7 +127,8 @@ def flush_shards(
     """Flush the selected shards' unflushed WAL into generations (in parallel), skipping live writers.
 
     Then store each selected shard's pending run (the read shortcut over its
-    pending generations, rebuilt only if it changed).
+    pending generations, rebuilt only if it changed), but for shards a merge
+    is working on: that merge builds their runs as it ends.
     """
     live_runs = live_writer_runs(context.instance, table_name, exclude_run_id=context.run.run_id)
     to_flush = [
@@ -148,9 +149,12 @@ def flush_shards(
             "wal_bytes_flushed": state.unflushed_wal_bytes,
         }
     after = {s.bucket: s for s in selected_shards(table, config.shards)}
-    runs = table.build_pending_runs([s.shard_id for s in after.values()])
+    merging = table.merging_shards()
+    runs = table.build_pending_runs([s.shard_id for s in after.values() if s.shard_id not in merging])
     for b, s in after.items():
-        if s.shard_id in runs:
+        if s.shard_id in merging:
+            context.log.info(f"shard {b}: pending run left to the merge working on it")
+        elif s.shard_id in runs:
             context.log.info(f"shard {b}: pending run built over {runs[s.shard_id]} changes")
     per_shard = {
         b: {
@@ -159,6 +163,7 @@ def flush_shards(
             "unflushed_wal_entries": s.unflushed_wal_entries,
             "pending_generations": len(s.pending_generations),
             "pending_run_changes": runs.get(s.shard_id, 0),
+            "pending_run_left_to_merge": int(s.shard_id in merging),
         }
         for b, s in after.items()
     }

@@ -51,7 +51,7 @@ from .handle import (
 from .maintenance import compaction
 from .maintenance.compaction import CompactionResult, MaintenancePolicy
 from .maintenance.gc import GcResult, collect_garbage
-from .maintenance.merge_leases import merge_leases
+from .maintenance.merge_leases import leased_shards, merge_leases
 from .maintenance.pending_runs import build_pending_runs
 from .maintenance.policy import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_ROWS_PER_PASS, DEFAULT_VERSION_RETENTION
 from .read import change_feed, merged_read, vector_search
@@ -477,7 +477,8 @@ class LsmTable:
         whose keeper builds their runs). See :mod:`resources.lsm.maintenance.compaction`.
         Then the runs of the shards' generations flushed meanwhile are built;
         until they are stored the call holds a lease on the shards, which
-        pending-run keepers pass over (:mod:`~resources.lsm.maintenance.merge_leases`).
+        pending-run keepers pass over (:mod:`~resources.lsm.maintenance.merge_leases`),
+        and once it let go, those of generations cut while it held them.
         """
         shard_ids = self._shard_list(shard)
         # Keepers leave these shards' runs to the build that ends the merge.
@@ -494,6 +495,8 @@ class LsmTable:
                 "compact",
             )
             self.build_pending_runs(shard_ids)  # generations flushed meanwhile stay pending, above a new base
+        # A writer closing while the lease held left its generation's run to the merge: only checks otherwise.
+        self.build_pending_runs(shard_ids)
         return result
 
     def build_pending_runs(self, shard: str | Sequence[str] | None = None) -> dict[str, int]:
@@ -696,6 +699,10 @@ class LsmTable:
     def shards(self) -> list[ShardState]:
         """State of every shard (manifest, WAL, compacted marker), in bucket order."""
         return self.handle.shard_states()
+
+    def merging_shards(self) -> set[str]:
+        """The shards a :meth:`compact` call is merging now: it builds their pending runs as it ends."""
+        return leased_shards(self.handle.storage)
 
     # ----------------------------------------------------------------- helpers
 

@@ -14,6 +14,8 @@ from lsm_assets.live_writers import WRITER_TAGS
 from lsm_assets.maintenance import flushed_generations, garbage_collected, merged_base
 from resources.gx_resource import GreatExpectationsResource
 from resources.lsm import LsmTable, TableVersion
+from resources.lsm.maintenance.merge_leases import merge_leases
+from resources.lsm.maintenance.pending_runs import has_pending_run
 from resources.lsm.testing.changegen import EVENTS_SCHEMA, ChangeStreamSpec, generate_changes, replay
 from resources.table_resource import LsmTableResource
 from tests.helpers import REPO_ROOT, keys_in_bucket, resolved_job, rows_by_key, write_generation
@@ -117,6 +119,31 @@ def test_assets_work_on_the_configured_shards_and_flush_skips_live_writers(make_
         assert table.shards()[1].pending_generations == ()
         assert table.shards()[2].pending_generations != ()
     assert _view(table) == oracle
+
+
+def test_the_flush_leaves_the_runs_of_shards_under_merge_to_that_merge(make_table):
+    table, oracle = _table_with_history(make_table)
+    resources = {"lsm_table": LsmTableResource(uri=table.uri)}
+    flush = {"ops": {"flushed_generations": {"config": {"idle_seconds": 0}}}}
+    merging = table.shard_ids[1]
+
+    with merge_leases(table.handle.storage, [merging]):  # as a merge running beside the flush holds it
+        flushed = materialize([flushed_generations], resources=resources, run_config=flush)
+
+    metadata = {
+        k: v.value for k, v in flushed.asset_materializations_for_node("flushed_generations")[0].metadata.items()
+    }
+    assert metadata["shard_1_pending_run_left_to_merge"] == 1 and metadata["shard_1_pending_run_changes"] == 0
+    assert metadata["pending_run_left_to_merge"] == 1
+    assert all(metadata[f"shard_{b}_pending_run_changes"] > 0 for b in (0, 2, 3))
+    runs = {s.shard_id: has_pending_run(table.handle, s) for s in table.shards()}
+    assert runs == {shard: shard != merging for shard in table.shard_ids}
+    assert _view(table) == oracle
+
+    again = materialize([flushed_generations], resources=resources, run_config=flush)
+    metadata = again.asset_materializations_for_node("flushed_generations")[0].metadata
+    assert metadata["shard_1_pending_run_changes"].value > 0 and metadata["pending_run_left_to_merge"].value == 0
+    assert all(has_pending_run(table.handle, s) for s in table.shards()) and _view(table) == oracle
 
 
 @pytest.mark.parametrize(

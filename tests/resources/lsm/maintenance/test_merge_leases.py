@@ -13,6 +13,7 @@ from resources.lsm.format.layout import MERGE_LEASES_DIR
 from resources.lsm.maintenance import compaction
 from resources.lsm.maintenance.merge_leases import leased_shards, merge_leases
 from resources.lsm.maintenance.pending_runs import PendingRunKeeper, has_pending_run
+from tests.helpers import keys_in_bucket
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("value", pa.int64())])
 
@@ -86,15 +87,15 @@ def test_a_keeper_passes_over_the_shards_a_merge_holds_and_builds_them_once_rele
 def test_a_merge_holds_its_shards_until_the_runs_it_builds_as_it_ends_are_stored(tmp_path, monkeypatch):
     table = _table_with_generations(tmp_path)
     storage, merged = table.handle.storage, table.shard_ids[:1]
-    seen: dict[str, set[str]] = {}
+    seen: dict[str, list[set[str]]] = {"merge": [], "build": []}
     merge, build = compaction.compact, LsmTable.build_pending_runs
 
     def merging(*args, **kwargs):
-        seen["merge"] = leased_shards(storage)
+        seen["merge"].append(leased_shards(storage))
         return merge(*args, **kwargs)
 
     def building(self, *args, **kwargs):
-        seen["build"] = leased_shards(storage)
+        seen["build"].append(leased_shards(storage))
         return build(self, *args, **kwargs)
 
     monkeypatch.setattr(compaction, "compact", merging)
@@ -104,7 +105,33 @@ def test_a_merge_holds_its_shards_until_the_runs_it_builds_as_it_ends_are_stored
 
     table.compact(merged)
 
-    assert seen == {"merge": set(merged), "build": set(merged)}
+    # The end build runs under the lease; a second one, once let go, covers what writers cut meanwhile.
+    assert seen == {"merge": [set(merged)], "build": [set(merged), set()]}
     assert leased_shards(storage) == set()
     assert dict(zip(*table.read().select(["id", "value"]).to_pydict().values(), strict=True))[5] == 2
+    table.close()
+
+
+def test_a_generation_cut_while_a_merge_held_its_shard_gets_its_run_once_the_merge_lets_go(tmp_path, monkeypatch):
+    table = _table_with_generations(tmp_path)
+    writer = LsmTable.open(table.uri)
+    shard, (key,) = table.shard_ids[0], keys_in_bucket(table, 0, 1)
+    build = LsmTable.build_pending_runs
+    keeper = PendingRunKeeper(writer.handle)
+
+    def building_then_a_writer_closes(self, *args, **kwargs):
+        built = build(self, *args, **kwargs)
+        if leased_shards(self.handle.storage):  # the merge's end build has read the states: a writer cuts now
+            writer.write(pa.table({"id": pa.array([key], pa.int64()), "value": [3]}, schema=SCHEMA))
+            writer.close()
+            keeper.keep_up()  # the writer session's closing round leaves the leased shard to the merge
+        return built
+
+    monkeypatch.setattr(LsmTable, "build_pending_runs", building_then_a_writer_closes)
+    table.compact([shard])
+
+    state = next(s for s in table.shards() if s.shard_id == shard)
+    assert keeper.stats.shards_left_to_merges == 1 and state.pending_generations
+    assert has_pending_run(table.handle, state)
+    assert dict(zip(*table.read().select(["id", "value"]).to_pydict().values(), strict=True))[key] == 3
     table.close()
