@@ -57,12 +57,15 @@ def test_each_fault_kind_is_injected_once_and_survived_by_file_access(faulty_s3,
 
 
 def test_table_under_random_faults_acknowledges_only_what_it_keeps(faulty_s3):
-    """Writes, flushes, merges, GC and reads with 5% of requests failing (every kind but delays)."""
+    """Writes, flushes, merges, GC and reads with 5% of requests failing (every kind but delays).
+
+    Which layer absorbs a fault (the object-store client's own retries, the engine's retries, a
+    fenced writer reopened) depends on which requests it hits, so only the outcome is asserted.
+    """
     proxy, root, options = faulty_s3
     table = LsmTable.create(f"{root}/table.lance", EVENTS_SCHEMA, ["id"], num_shards=2, storage_options=options)
     batches = list(generate_changes(ChangeStreamSpec(num_keys=300, num_batches=12, batch_size=100, seed=11)))
     proxy.set_plan(FaultPlan(probability=0.05, kinds=[k for k in KINDS if k != "delay"], seed=3))
-    retries_before = sum(RETRY_COUNTS.snapshot()["retries"].values())
     fenced = 0
     for number, batch in enumerate(batches):
         while True:  # the documented contract: a fenced write is retried by the caller
@@ -80,7 +83,6 @@ def test_table_under_random_faults_acknowledges_only_what_it_keeps(faulty_s3):
     proxy.set_plan(FaultPlan())
 
     assert sum(faults.values()) >= 20, faults  # the run was really under fire
-    assert sum(RETRY_COUNTS.snapshot()["retries"].values()) > retries_before
     reopened = LsmTable.open(table.uri, storage_options=options)
     assert _view(reopened) == replay(batches)
     print(f"\nrequests {proxy.counts['requests']}, faults {faults}, fenced writes retried {fenced}")
@@ -176,6 +178,24 @@ def test_retrying_stops_at_the_deadline_and_names_the_location():
         retrying(failing, "read x", "s3://bucket/table", RetryPolicy(timeout=0.5, initial=0.05))
     assert len(attempts) >= 3 and isinstance(raised.value.__cause__, ConnectionResetError)
     assert raised.value.operation == "read x"
+
+
+def test_retrying_repeats_transient_errors_until_the_call_succeeds_and_counts_it():
+    failures = [ConnectionResetError("connection reset by peer"), OSError("AWS Error SLOW_DOWN during GetObject")]
+    dropped: list[int] = []
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop(0)
+        return "value"
+
+    before = RETRY_COUNTS.snapshot()
+    policy = RetryPolicy(timeout=5, initial=0.01)
+    assert retrying(flaky, "merge x", "s3://b/t", policy, before_retry=lambda: dropped.append(1)) == "value"
+    assert len(dropped) == 2  # the hook ran before each retry
+    after = RETRY_COUNTS.snapshot()
+    assert after["retries"].get("merge", 0) - before["retries"].get("merge", 0) == 2
+    assert after["recovered"].get("merge", 0) - before["recovered"].get("merge", 0) == 1
 
 
 def test_retry_options_are_read_as_lance_reads_them(monkeypatch):
