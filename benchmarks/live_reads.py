@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/live_reads.py --rows 1048576 --kinds int64 --repeat 1 --live-repeat 1   # smoke run
     .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16    # one kind, one state, then live
     .venv/bin/python benchmarks/live_reads.py --kinds string --pending 16 --max-deleted-fraction 0.3
+    .venv/bin/python benchmarks/live_reads.py --kinds string composite --pending 0,16 --idle-only
 
 Per key kind, on a base of ``--rows`` rows (``benchmarks/scale.py``'s tables,
 built once under ``--data``, cloned by hard links), 4 shards, side by side
@@ -12,7 +13,7 @@ alternating pairs, ``--live-repeat`` beside the writer; ratios are the
 median of the pairs' ratios):
 
 1. Generations just cut, before any run exists, with ``--pending`` (1, 4
-   and 16) pending generations per shard, each write of ``--generation-rows`` random upserts
+   and 16; 0 measures the base alone) pending generations per shard, each write of ``--generation-rows`` random upserts
    over the shards (5% new keys; ``scale.py``'s rows): the merged scan
    (``LsmTable.scanner()`` drained) against the base's ``to_batches()``,
    the first scan of a reader just opened
@@ -195,7 +196,7 @@ def measure_pending(uri: str, kind: str, args: argparse.Namespace, rng: np.rando
             "no_runs": without,
             "runs": with_runs,
             "build_runs_s": build,
-            "build_s_per_generation": build / (pending * SHARDS),
+            "build_s_per_generation": build / (pending * SHARDS) if pending else 0.0,
         }
         print(kind, pending, json.dumps(states[str(pending)], default=lambda v: round(v, 3)), flush=True)
     return states
@@ -502,6 +503,7 @@ def main() -> None:
         default=MaintenancePolicy.max_rows_rewritten_per_pass,
         help="the merger's tidy-up budget (MaintenancePolicy.max_rows_rewritten_per_pass)",
     )
+    parser.add_argument("--idle-only", action="store_true", help="measure the idle states only (no writer phase)")
     args = parser.parse_args()
 
     results: dict[str, Any] = {
@@ -519,8 +521,9 @@ def main() -> None:
         # Saved after each phase: a run stopped later (out of memory, out of time) keeps what it measured.
         found = results["kinds"][kind] = {"pending": measure_pending(uri, kind, args, np.random.default_rng(11))}
         save_results(results, render(results), args.out)
-        found["live"] = during_ingestion(uri, kind, args)
-        save_results(results, render(results), args.out)
+        if not args.idle_only:
+            found["live"] = during_ingestion(uri, kind, args)
+            save_results(results, render(results), args.out)
         return found
 
     on_each_base(args, measure)
