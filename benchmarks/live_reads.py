@@ -355,13 +355,9 @@ def render(results: dict[str, Any]) -> str:
         "# Reads of a live table: generations just cut, runs built, a writer busy",
         "",
         f"`benchmarks/live_reads.py`, base of {results['rows']:,} rows, {SHARDS} shards; each generation write "
-        f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); the live "
-        f"writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger merges the "
-        "shards the merge sensor's default trigger picks (only generations with a run, as beside a writer run), "
-        f"{_tidying(results)}. Every ratio is against plain Lance on the same base, measured side by side: scan "
-        f"ratios are the median of the ratios of alternating pairs ({results.get('repeat', 3)} per state, "
-        f"{results.get('live_repeat', 3)} "
-        "beside the writer).",
+        f"puts {results['generation_rows']:,} random upserts over the shards (one generation per shard); "
+        f"{_writer_phase(results)}. Every ratio is against plain Lance on the same base, measured side by side: scan "
+        f"ratios are the median of the ratios of alternating pairs ({_pairs(results)}).",
         "",
         "| key | pending gens/shard | state | merged scan / base scan | new reader / new plain reader "
         "| count() / base scan | count() s | lookup p50 / Lance point query |",
@@ -425,6 +421,26 @@ def _lookup_rounds_table(results: dict[str, Any]) -> list[str]:
             f"| {ours:.2f} / {theirs:.2f} ms |"
         )
     return lines
+
+
+def _measured_live(results: dict[str, Any]) -> bool:
+    return any("live" in found for found in results["kinds"].values())
+
+
+def _writer_phase(results: dict[str, Any]) -> str:
+    """What ran beside the reads of the live phase (``--idle-only`` runs have none)."""
+    if not _measured_live(results):
+        return "idle states only (`--idle-only`: no writer phase)"
+    return (
+        f"the live writer streams {results['live_rows_per_s']:,.0f} rows/s, its keeper builds runs and a merger "
+        "merges the shards the merge sensor's default trigger picks (only generations with a run, as beside a "
+        f"writer run), {_tidying(results)}"
+    )
+
+
+def _pairs(results: dict[str, Any]) -> str:
+    beside = f", {results.get('live_repeat', 3)} beside the writer" if _measured_live(results) else ""
+    return f"{results.get('repeat', 3)} per state{beside}"
 
 
 def _tidying(results: dict[str, Any]) -> str:
