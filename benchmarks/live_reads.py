@@ -13,10 +13,10 @@ alternating pairs, ``--live-repeat`` beside the writer; ratios are the
 median of the pairs' ratios):
 
 1. Generations just cut, before any run exists, with ``--pending`` (1, 4
-   and 16; 0 measures the base alone) pending generations per shard, each write of ``--generation-rows`` random upserts
-   over the shards (5% new keys; ``scale.py``'s rows): the merged scan
-   (``LsmTable.scanner()`` drained) against the base's ``to_batches()``,
-   the first scan of a reader just opened
+   and 16; 0 measures the base alone) pending generations per shard, each
+   write of ``--generation-rows`` random upserts over the shards (5% new
+   keys; ``scale.py``'s rows): the merged scan (``LsmTable.scanner()``
+   drained) against the base's ``to_batches()``, the first scan of a reader just opened
    (``LsmTable.open(uri)``) against a plain reader just opened,
    ``count()`` against the base scan (Lance's ``count_rows()`` of the base
    reads only its metadata: recorded, not a fair reference), and fresh
