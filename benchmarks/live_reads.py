@@ -16,11 +16,11 @@ median of the pairs' ratios):
    and 16; 0 measures the base alone) pending generations per shard, each
    write of ``--generation-rows`` random upserts over the shards (5% new
    keys; ``scale.py``'s rows): the merged scan (``LsmTable.scanner()``
-   drained) against the base's ``to_batches()``, the first scan of a reader just opened
-   (``LsmTable.open(uri)``) against a plain reader just opened,
-   ``count()`` against the base scan in pairs of its own (Lance's
-   ``count_rows()`` of the base reads only its metadata), and fresh
-   point lookups against Lance's indexed point query on the base (p50 of
+   drained) against the base's ``to_batches()``, the first scan of a
+   reader just opened (``LsmTable.open(uri)``) against a plain reader just
+   opened, ``count()`` against the base scan in pairs of its own (Lance's
+   ``count_rows()`` of the base reads only its metadata), and fresh point
+   lookups against Lance's indexed point query on the base (p50 of
    ``--probes`` each, alternating pairs, each probe a key of its own).
 2. The same once ``build_pending_runs()`` ran, and what building took (wall
    seconds per generation, on a machine doing nothing else).
